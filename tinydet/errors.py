@@ -1,0 +1,20 @@
+"""Errors that users see: one line naming the file, the field and what was expected."""
+
+from __future__ import annotations
+
+
+class TinydetError(Exception):
+    """Base class for every error tinydet raises on bad input."""
+
+
+class ModelFormatError(TinydetError):
+    """A model file is missing, malformed or uses something tinydet does not support."""
+
+    def __init__(self, path, field: str, message: str):
+        self.path = str(path)
+        self.field = field
+        super().__init__(f"{self.path}: {field}: {message}")
+
+
+class ContextLengthError(TinydetError):
+    """A request does not fit in the model's context window."""
