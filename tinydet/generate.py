@@ -102,7 +102,7 @@ def stream_generate(model: Transformer, tokenizer, prompt_ids: Sequence[int], pa
     response carries `finish_reason`. A token that ends generation (EOS) is yielded with empty text."""
     stops = [s for s in (stop or ()) if s]
     eos = set(tokenizer.eos_ids)
-    decoder = tokenizer.stream()
+    decoder = tokenizer.stream(prompt_ids)  # text continues the prompt (SentencePiece spaces)
     text, emitted = "", 0
     steps = generate_step(model, prompt_ids, params, max_tokens, threads)
     taken = 0

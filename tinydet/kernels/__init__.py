@@ -27,3 +27,9 @@ def _cache_key() -> str:
 if not os.environ.get("NUMBA_CACHE_DIR"):
     _base = Path(os.environ.get("TINYDET_CACHE_DIR", Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tinydet"))
     numba.config.CACHE_DIR = str(_base / "numba" / _cache_key())
+
+
+def cache_is_warm() -> bool:
+    """True when compiled kernels are already on disk (the next start will not compile)."""
+    d = Path(numba.config.CACHE_DIR or "")
+    return bool(numba.config.CACHE_DIR) and d.is_dir() and any(d.rglob("*.nbi"))

@@ -1,0 +1,139 @@
+"""The library API: `tinydet.load(...)` returns a `Model`."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import numba
+import numpy as np
+
+from .config import config_from_gguf
+from .errors import ModelFormatError, TinydetError
+from .generate import Generation, check_context, generate, stream_generate
+from .gguf import GGUFFile
+from .model import DTYPES, Transformer
+from .sampling import SamplingParams
+from .tokenizer import Tokenizer
+from .weights import load_gguf_weights
+
+
+def default_threads() -> int:
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:
+        n = os.cpu_count() or 1
+    return max(1, min(n, numba.config.NUMBA_NUM_THREADS))
+
+
+def check_threads(threads: int | None) -> int:
+    if threads is None:
+        return default_threads()
+    limit = numba.config.NUMBA_NUM_THREADS
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= limit:
+        raise TinydetError(f"threads: expected an integer from 1 to {limit} (NUMBA_NUM_THREADS), found {threads!r}")
+    return threads
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class Model:
+    """A loaded model: tokenizer, packed weights and the settings it runs with."""
+
+    def __init__(self, path: Path, transformer: Transformer, tokenizer: Tokenizer, metadata: dict, threads: int):
+        self.path = path
+        self.transformer = transformer
+        self.tokenizer = tokenizer
+        self.metadata = metadata
+        self.config = transformer.cfg
+        self.dtype = transformer.dtype
+        self.threads = threads
+        self._sha256: str | None = None
+
+    @property
+    def sha256(self) -> str:
+        """SHA-256 of the model file (computed on first use)."""
+        if self._sha256 is None:
+            self._sha256 = file_sha256(self.path)
+        return self._sha256
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special=add_special)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        """Token ids for a prompt: text is tokenized; an empty prompt means "start from BOS"."""
+        if isinstance(prompt, str):
+            if prompt == "":
+                if self.tokenizer.bos_id is None:
+                    raise TinydetError("prompt: empty, and the model has no BOS token to start from")
+                return [self.tokenizer.bos_id]
+            return self.tokenize(prompt)
+        ids = [int(i) for i in prompt]
+        if not ids:
+            return self.prompt_ids("")
+        return ids
+
+    def logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        """float32 logits (len(token_ids), vocab) of a full causal pass from an empty cache."""
+        ids = list(token_ids)
+        check_context(len(ids), 0, self.config.context_length)
+        cache = self.transformer.new_cache(len(ids))
+        return self.transformer.forward(ids, cache, all_logits=True, threads=self.threads)
+
+    def _params(self, temperature, top_k, top_p, min_p, seed) -> SamplingParams:
+        return SamplingParams(temperature=float(temperature), top_k=top_k, top_p=float(top_p),
+                              min_p=float(min_p), seed=seed)
+
+    def generate(self, prompt: str | Sequence[int] = "", max_tokens: int = 256, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int = 0,
+                 stop: Sequence[str] | None = None) -> Generation:
+        """Generate up to `max_tokens` tokens. Greedy when temperature is 0."""
+        params = self._params(temperature, top_k, top_p, min_p, seed)
+        ids = self.prompt_ids(prompt)
+        g = generate(self.transformer, self.tokenizer, ids, params, max_tokens, stop or (), self.threads)
+        g.settings = dict(max_tokens=max_tokens, temperature=params.temperature, top_k=params.top_k,
+                          top_p=params.top_p, min_p=params.min_p, seed=params.seed, stop=list(stop or []),
+                          dtype=self.dtype, threads=self.threads)
+        return g
+
+    def stream(self, prompt: str | Sequence[int] = "", max_tokens: int = 256, temperature: float = 0.0,
+               top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int = 0,
+               stop: Sequence[str] | None = None) -> Iterator[str]:
+        """Yield pieces of text as they are produced (the same tokens as `generate`)."""
+        params = self._params(temperature, top_k, top_p, min_p, seed)
+        ids = self.prompt_ids(prompt)
+        for r in stream_generate(self.transformer, self.tokenizer, ids, params, max_tokens, stop or (), self.threads):
+            if r.text:
+                yield r.text
+
+
+def load(model: str | os.PathLike, dtype: str = "fp32", threads: int | None = None,
+         progress: Callable[[int, int, str], None] | None = None) -> Model:
+    """Load a GGUF model file. `dtype` is "fp32" or "fp16" (weights and KV cache stored as binary16,
+    arithmetic in float32); `threads` defaults to the CPUs this process may use."""
+    if dtype not in DTYPES:
+        raise TinydetError(f"dtype: expected one of {', '.join(DTYPES)}, found {dtype!r}")
+    threads = check_threads(threads)
+    path = Path(model)
+    if not path.exists():
+        raise ModelFormatError(path, "path", "no such file")
+    g = GGUFFile(path)
+    cfg = config_from_gguf(g)
+    tokenizer = Tokenizer.from_gguf_metadata(g.metadata, path)
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise ModelFormatError(path, "tokenizer.ggml.tokens",
+                               f"{tokenizer.vocab_size} tokens but the model has a vocabulary of {cfg.vocab_size}")
+    weights = load_gguf_weights(g, cfg, progress)
+    transformer = Transformer(cfg, weights, dtype)
+    return Model(path, transformer, tokenizer, g.metadata, threads)
