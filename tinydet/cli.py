@@ -90,6 +90,12 @@ def generate(prompt, model_path, max_tokens, temperature, top_k, top_p, min_p, s
             click.echo("")
     except TinydetError as e:
         _fail(e)
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted", err=True)
+        sys.exit(130)
+    except BrokenPipeError:  # e.g. piped into `head`: stop quietly
+        sys.stderr.close()
+        sys.exit(0)
 
 
 def _short(v) -> str:
