@@ -130,3 +130,10 @@ def test_info(stories_path):
     assert code == 0, out
     assert "270cba1bd5109f42d03350f60406024560464db173c0e387d91f0426d3bd256d" in out
     assert "llama.block_count = 5" in out and "blk.0.attn_q.weight" in out and "n_kv_heads = 4" in out
+
+
+def test_inconsistent_heads(bad_models):
+    p = bad_models("kv", metadata_edits={"llama.attention.head_count_kv": G.typed(G.UINT32, 3)})
+    check_cli(["generate", "hi", "--model", p], str(p), "llama.attention.head_count_kv", "do not divide 8")
+    p = bad_models("eps", metadata_edits={"llama.attention.layer_norm_rms_epsilon": -1.0})
+    check_cli(["info", p], str(p), "llama.attention.layer_norm_rms_epsilon", "expected an RMSNorm epsilon")

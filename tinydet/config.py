@@ -32,9 +32,10 @@ class Config:
     def kv_dim(self) -> int:
         return self.n_kv_heads * self.head_dim
 
-    def validate(self, path, field_prefix: str = "") -> "Config":
+    def validate(self, path, keys: dict[str, str] | None = None) -> "Config":
+        """Check the values make a runnable model; `keys` names each field as the file spells it."""
         def bad(field, msg):
-            raise ModelFormatError(path, field_prefix + field, msg)
+            raise ModelFormatError(path, (keys or {}).get(field, field), msg)
 
         for name in ("n_layers", "dim", "ffn_dim", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "context_length"):
             v = getattr(self, name)
@@ -105,4 +106,10 @@ def config_from_gguf(gguf) -> Config:
         rope_base=float(gguf.get(f"{arch}.rope.freq_base", 10000.0)),
         rms_eps=float(gguf.require(f"{arch}.attention.layer_norm_rms_epsilon")),
     )
-    return cfg.validate(path, f"{arch}.")
+    return cfg.validate(path, {
+        "n_layers": f"{arch}.block_count", "dim": f"{arch}.embedding_length",
+        "ffn_dim": f"{arch}.feed_forward_length", "n_heads": f"{arch}.attention.head_count",
+        "n_kv_heads": f"{arch}.attention.head_count_kv", "head_dim": f"{arch}.attention.head_count",
+        "vocab_size": f"{arch}.vocab_size", "context_length": f"{arch}.context_length",
+        "rope_base": f"{arch}.rope.freq_base", "rms_eps": f"{arch}.attention.layer_norm_rms_epsilon",
+    })
