@@ -118,22 +118,31 @@ class Model:
                 yield r.text
 
 
-def load(model: str | os.PathLike, dtype: str = "fp32", threads: int | None = None,
-         progress: Callable[[int, int, str], None] | None = None) -> Model:
-    """Load a GGUF model file. `dtype` is "fp32" or "fp16" (weights and KV cache stored as binary16,
-    arithmetic in float32); `threads` defaults to the CPUs this process may use."""
+def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: int | None = None,
+         progress: Callable[[int, int, str], None] | None = None, verify: bool = False) -> Model:
+    """Load a model: a GGUF file, a Hugging Face directory (config.json + safetensors), or the name of
+    a known model (`tinydet models`), pulled into the cache on first use; None means the default
+    model. `dtype` is "fp32" or "fp16" (weights and KV cache stored as binary16, arithmetic in
+    float32); `threads` defaults to the CPUs this process may use. `verify` re-hashes a known model's
+    file even when the cache says it was checked."""
+    from .registry import DEFAULT_MODEL, resolve_model
+
     if dtype not in DTYPES:
         raise TinydetError(f"dtype: expected one of {', '.join(DTYPES)}, found {dtype!r}")
     threads = check_threads(threads)
-    path = Path(model)
-    if not path.exists():
-        raise ModelFormatError(path, "path", "no such file")
-    g = GGUFFile(path)
-    cfg = config_from_gguf(g)
-    tokenizer = Tokenizer.from_gguf_metadata(g.metadata, path)
-    if tokenizer.vocab_size > cfg.vocab_size:
-        raise ModelFormatError(path, "tokenizer.ggml.tokens",
-                               f"{tokenizer.vocab_size} tokens but the model has a vocabulary of {cfg.vocab_size}")
-    weights = load_gguf_weights(g, cfg, progress)
+    path = resolve_model(DEFAULT_MODEL if model is None else model, verify=verify)
+    if path.is_dir():
+        from .hf import load_hf_dir
+
+        cfg, weights, tokenizer, metadata = load_hf_dir(path, progress)
+    else:
+        g = GGUFFile(path)
+        cfg = config_from_gguf(g)
+        tokenizer = Tokenizer.from_gguf_metadata(g.metadata, path)
+        if tokenizer.vocab_size > cfg.vocab_size:
+            raise ModelFormatError(path, "tokenizer.ggml.tokens",
+                                   f"{tokenizer.vocab_size} tokens but the model has a vocabulary of {cfg.vocab_size}")
+        weights = load_gguf_weights(g, cfg, progress)
+        metadata = g.metadata
     transformer = Transformer(cfg, weights, dtype)
-    return Model(path, transformer, tokenizer, g.metadata, threads)
+    return Model(path, transformer, tokenizer, metadata, threads)
