@@ -107,6 +107,23 @@ class Model:
                           dtype=self.dtype, threads=self.threads)
         return g
 
+    def chat_prompt(self, messages: Sequence[dict]) -> list[int]:
+        """Token ids of `messages` rendered with the model's chat template, ready for the reply."""
+        from .chat import render_chat
+
+        tok = self.tokenizer
+        name = lambda i: tok.hf.id_to_token(i) if i is not None else ""  # noqa: E731
+        text = render_chat(tok.chat_template, messages, bos_token=name(tok.bos_id),
+                           eos_token=name(tok.eos_ids[0] if tok.eos_ids else None))
+        # The template writes any BOS itself, as in HF's apply_chat_template.
+        return self.tokenize(text, add_special=False)
+
+    def chat(self, messages: Sequence[dict], max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
+             top_p: float = 1.0, min_p: float = 0.0, seed: int = 0, stop: Sequence[str] | None = None) -> Generation:
+        """The assistant's reply to `messages` ([{"role": "user", "content": "..."}, ...])."""
+        return self.generate(self.chat_prompt(messages), max_tokens=max_tokens, temperature=temperature,
+                             top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, stop=stop)
+
     def stream(self, prompt: str | Sequence[int] = "", max_tokens: int = 256, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int = 0,
                stop: Sequence[str] | None = None) -> Iterator[str]:

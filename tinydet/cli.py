@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -14,23 +15,80 @@ from . import __version__
 from .errors import TinydetError
 
 
-def _fail(e: Exception) -> None:
-    click.echo(f"error: {e}", err=True)
-    sys.exit(1)
-
-
 def _progress(label: str):
     """A stderr progress line for loading, shown only on a terminal."""
     if not sys.stderr.isatty():
         return None
 
     def show(done: int, total: int, name: str) -> None:
-        end = "\n" if done == total else ""
         click.echo(f"\rloading {label}: {done}/{total} tensors {name[:40]:<40}", err=True, nl=False)
-        if end:
+        if done == total:
             click.echo("", err=True)
 
     return show
+
+
+def cli_errors(fn):
+    """Bad input ends in one line on stderr and exit 1; Ctrl-C and a closed pipe end quietly."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except TinydetError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted", err=True)
+            sys.exit(130)
+        except BrokenPipeError:  # e.g. piped into `head`
+            sys.stderr.close()
+            sys.exit(0)
+    return wrapper
+
+
+def model_options(fn):
+    for opt in reversed([
+        click.option("--model", "model_name", default=None,
+                     help="A GGUF file, a Hugging Face directory or a known model name (`tinydet models`). "
+                          "Default: smollm2-135m-instruct, pulled on first use."),
+        click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True),
+        click.option("--threads", type=click.IntRange(min=1), default=None, help="Default: the CPUs available."),
+        click.option("--verify", is_flag=True, help="Re-hash a known model's file before use."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def sampling_options(fn):
+    for opt in reversed([
+        click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True),
+        click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 = greedy."),
+        click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off."),
+        click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=1.0, show_default=True),
+        click.option("--min-p", type=click.FloatRange(min=0, max=1), default=0.0, show_default=True),
+        click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True),
+        click.option("--stop", multiple=True, help="Stop when this text appears (repeatable)."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def _load(model_name, dtype, threads, verify):
+    from .api import load
+    from .kernels import cache_is_warm
+
+    model = load(model_name, dtype=dtype, threads=threads, progress=_progress(model_name or "default model"),
+                 verify=verify)
+    if not cache_is_warm():
+        click.echo("compiling kernels (first run only; cached afterwards)...", err=True)
+    return model
+
+
+def _stream(pieces) -> None:
+    for piece in pieces:
+        click.echo(piece, nl=False)
+        sys.stdout.flush()
+    click.echo("")
 
 
 @click.group()
@@ -41,61 +99,74 @@ def main():
 
 @main.command()
 @click.argument("prompt", default="")
-@click.option("--model", "model_path", required=True, help="Path to a GGUF model file.")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True)
-@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 = greedy.")
-@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off.")
-@click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=1.0, show_default=True)
-@click.option("--min-p", type=click.FloatRange(min=0, max=1), default=0.0, show_default=True)
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--stop", multiple=True, help="Stop when this text appears (repeatable).")
-@click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True)
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="Default: the CPUs available.")
+@model_options
+@sampling_options
+@click.option("--chat", "as_chat", is_flag=True, help="Send PROMPT as a user message through the chat template.")
+@click.option("--system", default=None, help="With --chat: a system message.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
-def generate(prompt, model_path, max_tokens, temperature, top_k, top_p, min_p, seed, stop, dtype, threads, as_json):
+@cli_errors
+def generate(prompt, model_name, dtype, threads, verify, max_tokens, temperature, top_k, top_p, min_p, seed, stop,
+             as_chat, system, as_json):
     """Continue PROMPT (empty: start from BOS), streaming the text as it is produced."""
-    from .api import load
-    from .kernels import cache_is_warm
+    model = _load(model_name, dtype, threads, verify)
+    if as_chat:
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        ids = model.chat_prompt(messages)
+    else:
+        ids = model.prompt_ids(prompt)
+    kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                  min_p=min_p, seed=seed, stop=list(stop))
+    if not as_json:
+        _stream(model.stream(ids, **kwargs))
+        return
+    t0 = time.perf_counter()
+    g = model.generate(ids, **kwargs)
+    total = time.perf_counter() - t0
+    click.echo(json.dumps({
+        "text": g.text,
+        "token_ids": g.token_ids,
+        "prompt_token_ids": g.prompt_token_ids,
+        "finish_reason": g.finish_reason,
+        "output_hash": g.output_hash,
+        "logits_hash": g.logits_hash,
+        "settings": dict(g.settings, chat=as_chat),
+        "model": str(model.path),
+        "model_sha256": model.sha256,
+        "tinydet_version": __version__,
+        "prefill_seconds": g.prefill_seconds,
+        "decode_seconds": g.decode_seconds,
+        "total_seconds": total,
+        "tokens_per_second": g.tokens_per_second,
+    }, ensure_ascii=False))
 
-    try:
-        model = load(model_path, dtype=dtype, threads=threads, progress=_progress(model_path))
-        if not cache_is_warm():
-            click.echo("compiling kernels (first run only; cached afterwards)...", err=True)
-        kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                      min_p=min_p, seed=seed, stop=list(stop))
-        if as_json:
-            t0 = time.perf_counter()
-            g = model.generate(prompt, **kwargs)
-            total = time.perf_counter() - t0
-            click.echo(json.dumps({
-                "text": g.text,
-                "token_ids": g.token_ids,
-                "prompt_token_ids": g.prompt_token_ids,
-                "finish_reason": g.finish_reason,
-                "output_hash": g.output_hash,
-                "logits_hash": g.logits_hash,
-                "settings": g.settings,
-                "model": str(model.path),
-                "model_sha256": model.sha256,
-                "tinydet_version": __version__,
-                "prefill_seconds": g.prefill_seconds,
-                "decode_seconds": g.decode_seconds,
-                "total_seconds": total,
-                "tokens_per_second": g.tokens_per_second,
-            }, ensure_ascii=False))
-        else:
-            for piece in model.stream(prompt, **kwargs):
-                click.echo(piece, nl=False)
-                sys.stdout.flush()
+
+@main.command()
+@model_options
+@sampling_options
+@click.option("--system", default=None, help="A system message to start the conversation with.")
+@cli_errors
+def chat(model_name, dtype, threads, verify, max_tokens, temperature, top_k, top_p, min_p, seed, stop, system):
+    """Talk with a model through its chat template. History is kept; an empty line or EOF ends."""
+    model = _load(model_name, dtype, threads, verify)
+    messages = [{"role": "system", "content": system}] if system else []
+    kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                  min_p=min_p, seed=seed, stop=list(stop))
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
             click.echo("")
-    except TinydetError as e:
-        _fail(e)
-    except KeyboardInterrupt:
-        click.echo("\ninterrupted", err=True)
-        sys.exit(130)
-    except BrokenPipeError:  # e.g. piped into `head`: stop quietly
-        sys.stderr.close()
-        sys.exit(0)
+            return
+        if not line.strip() or line.strip() in ("/exit", "/quit"):
+            return
+        messages.append({"role": "user", "content": line})
+        parts = []
+        for piece in model.stream(model.chat_prompt(messages), **kwargs):
+            parts.append(piece)
+            click.echo(piece, nl=False)
+            sys.stdout.flush()
+        click.echo("")
+        messages.append({"role": "assistant", "content": "".join(parts)})
 
 
 def _short(v) -> str:
@@ -108,40 +179,90 @@ def _short(v) -> str:
 
 
 @main.command()
-@click.argument("model_path")
-def info(model_path):
-    """Print a model file's metadata, configuration and a tensor summary."""
+@click.argument("model_name")
+@click.option("--verify", is_flag=True, help="Check the file against the known models' SHA-256.")
+@cli_errors
+def info(model_name, verify):
+    """Print a model file's SHA-256, metadata, configuration and a tensor summary."""
     from .api import file_sha256
     from .config import config_from_gguf
     from .gguf import GGUFFile
+    from .registry import resolve_model, verify_file
 
-    try:
-        g = GGUFFile(model_path)
-        click.echo(f"file: {g.path}")
-        click.echo(f"sha256: {file_sha256(g.path)}")
-        click.echo(f"GGUF version {g.version}, {len(g.metadata)} metadata keys, {len(g.tensors)} tensors, "
-                   f"alignment {g.alignment}")
-        click.echo("\nmetadata:")
-        for k, v in g.metadata.items():
-            click.echo(f"  {k} = {_short(v)}")
-        click.echo("\ntensors:")
-        by_type = Counter()
-        params = 0
-        nbytes = 0
-        for t in g.tensors.values():
-            by_type[t.type_name] += 1
-            params += t.n_elements
-            nbytes += t.nbytes
-        click.echo(f"  {params:,} parameters in {nbytes:,} bytes; by type: "
-                   + ", ".join(f"{n} {k}" for k, n in sorted(by_type.items())))
-        for t in list(g.tensors.values()):
-            click.echo(f"  {t.name:<32} {t.type_name:<5} {str(t.shape):<16}")
-        click.echo("\nconfig:")
-        cfg = config_from_gguf(g)
+    path = resolve_model(model_name, verify=verify)
+    if path.is_dir():
+        from .hf import load_hf_dir
+
+        cfg, _, _, _ = load_hf_dir(path)
+        click.echo(f"directory: {path}")
         for k, v in vars(cfg).items():
             click.echo(f"  {k} = {v}")
-    except TinydetError as e:
-        _fail(e)
+        return
+    g = GGUFFile(path)
+    click.echo(f"file: {g.path}")
+    if verify:
+        digest, known, ok = verify_file(path)
+        status = "not a known model" if known is None else (f"matches {known}" if ok else f"DOES NOT match {known}")
+        click.echo(f"sha256: {digest} ({status})")
+        if ok is False:
+            raise TinydetError(f"{path}: sha256: does not match the manifest of {known}")
+    else:
+        click.echo(f"sha256: {file_sha256(g.path)}")
+    click.echo(f"GGUF version {g.version}, {len(g.metadata)} metadata keys, {len(g.tensors)} tensors, "
+               f"alignment {g.alignment}")
+    click.echo("\nmetadata:")
+    for k, v in g.metadata.items():
+        click.echo(f"  {k} = {_short(v)}")
+    click.echo("\ntensors:")
+    by_type = Counter(t.type_name for t in g.tensors.values())
+    params = sum(t.n_elements for t in g.tensors.values())
+    nbytes = sum(t.nbytes for t in g.tensors.values())
+    click.echo(f"  {params:,} parameters in {nbytes:,} bytes; by type: "
+               + ", ".join(f"{n} {k}" for k, n in sorted(by_type.items())))
+    for t in g.tensors.values():
+        click.echo(f"  {t.name:<32} {t.type_name:<5} {str(t.shape):<16}")
+    click.echo("\nconfig:")
+    for k, v in vars(config_from_gguf(g)).items():
+        click.echo(f"  {k} = {v}")
+
+
+@main.command()
+@click.argument("source")
+@click.argument("out_dir")
+@click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True)
+@click.option("--overwrite", is_flag=True, help="Replace OUT_DIR if it exists.")
+@cli_errors
+def convert(source, out_dir, dtype, overwrite):
+    """Write a GGUF model (a path or a known name) as a Hugging Face directory (safetensors)."""
+    from .convert import convert_gguf_to_hf
+    from .registry import resolve_model
+
+    out = convert_gguf_to_hf(resolve_model(source), out_dir, dtype=dtype, overwrite=overwrite,
+                             progress=_progress(source))
+    click.echo(f"wrote {out}")
+
+
+@main.command()
+@click.argument("name")
+@click.option("--verify", is_flag=True, help="Re-hash the file even if it is already cached.")
+@cli_errors
+def pull(name, verify):
+    """Download a known model into the cache and verify its SHA-256."""
+    from .registry import pull as pull_model
+
+    click.echo(str(pull_model(name, progress=True, verify=verify)))
+
+
+@main.command()
+@cli_errors
+def models():
+    """List the known models and which are cached."""
+    from .registry import list_models
+
+    for m in list_models():
+        where = m["cached"] or "not cached (tinydet pull " + m["name"] + ")"
+        click.echo(f"{m['name']:<24} {m['size'] / 1e6:8.1f} MB  {m['license']:<12} {m['description']}")
+        click.echo(f"{'':<24} {where}")
 
 
 if __name__ == "__main__":
