@@ -38,6 +38,12 @@ def check_threads(threads: int | None) -> int:
 
 
 def file_sha256(path: Path) -> str:
+    """SHA-256 of a file; of a directory, SHA-256 over "name<TAB>sha256" lines of its files, sorted."""
+    path = Path(path)
+    if path.is_dir():
+        lines = [f"{p.relative_to(path).as_posix()}\t{file_sha256(p)}\n"
+                 for p in sorted(path.rglob("*")) if p.is_file()]
+        return hashlib.sha256("".join(lines).encode()).hexdigest()
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 22), b""):
@@ -60,7 +66,7 @@ class Model:
 
     @property
     def sha256(self) -> str:
-        """SHA-256 of the model file (computed on first use)."""
+        """SHA-256 of the model file or directory (computed on first use; see `file_sha256`)."""
         if self._sha256 is None:
             self._sha256 = file_sha256(self.path)
         return self._sha256
