@@ -12,7 +12,7 @@ import numpy as np
 
 from .config import config_from_gguf
 from .errors import ModelFormatError, TinydetError
-from .generate import Generation, check_context, generate, stream_generate
+from .generate import Generation, Request, check_context, generate, generate_batch, stream_generate
 from .gguf import GGUFFile
 from .model import DTYPES, Transformer
 from .sampling import SamplingParams
@@ -108,10 +108,32 @@ class Model:
         params = self._params(temperature, top_k, top_p, min_p, seed)
         ids = self.prompt_ids(prompt)
         g = generate(self.transformer, self.tokenizer, ids, params, max_tokens, stop or (), self.threads)
-        g.settings = dict(max_tokens=max_tokens, temperature=params.temperature, top_k=params.top_k,
-                          top_p=params.top_p, min_p=params.min_p, seed=params.seed, stop=list(stop or []),
-                          dtype=self.dtype, threads=self.threads)
+        g.settings = self._settings(params, max_tokens, stop)
         return g
+
+    def _settings(self, params: SamplingParams, max_tokens: int, stop) -> dict:
+        return dict(max_tokens=max_tokens, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                    min_p=params.min_p, seed=params.seed, stop=list(stop or []), dtype=self.dtype,
+                    threads=self.threads)
+
+    def generate_batch(self, requests: Sequence[dict], max_batch: int = 8) -> list[Generation]:
+        """Generate for several requests together (continuous batching, up to `max_batch` at once).
+        Each request is a dict with `prompt` and any of generate()'s settings; each result is
+        bit-identical to `generate(**request)` alone."""
+        allowed = {"prompt", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop"}
+        reqs = []
+        for i, r in enumerate(requests):
+            unknown = set(r) - allowed
+            if unknown:
+                raise TinydetError(f"requests[{i}]: unknown settings {sorted(unknown)} (allowed: {sorted(allowed)})")
+            params = self._params(r.get("temperature", 0.0), r.get("top_k", 0), r.get("top_p", 1.0),
+                                  r.get("min_p", 0.0), r.get("seed", 0))
+            reqs.append(Request(self.prompt_ids(r.get("prompt", "")), params, r.get("max_tokens", 256),
+                                r.get("stop") or ()))
+        out = generate_batch(self.transformer, self.tokenizer, reqs, max_batch, self.threads)
+        for r, g in zip(reqs, out):
+            g.settings = self._settings(r.params, r.max_tokens, r.stop)
+        return out
 
     def chat_prompt(self, messages: Sequence[dict]) -> list[int]:
         """Token ids of `messages` rendered with the model's chat template, ready for the reply."""

@@ -33,14 +33,24 @@ class Layer:
 
 
 class KVCache:
-    """Keys (after RoPE) and values, written by position: (layer, capacity, kv_dim) each."""
+    """Keys (after RoPE) and values for `n_slots` sequences, written by position:
+    (layer, slot, capacity, kv_dim) each. `lengths[slot]` counts the positions filled."""
 
-    def __init__(self, cfg: Config, capacity: int, dtype: str):
+    def __init__(self, cfg: Config, capacity: int, dtype: str, n_slots: int = 1):
         st = np.float32 if dtype == "fp32" else np.uint16
-        self.k = np.zeros((cfg.n_layers, capacity, cfg.kv_dim), st)
-        self.v = np.zeros((cfg.n_layers, capacity, cfg.kv_dim), st)
+        self.k = np.zeros((cfg.n_layers, n_slots, capacity, cfg.kv_dim), st)
+        self.v = np.zeros((cfg.n_layers, n_slots, capacity, cfg.kv_dim), st)
         self.capacity = capacity
-        self.length = 0
+        self.lengths = np.zeros(n_slots, np.int64)
+
+    @property
+    def length(self) -> int:
+        """Positions filled in slot 0 (the whole cache when it holds one sequence)."""
+        return int(self.lengths[0])
+
+    def reset(self, slot: int) -> None:
+        """Free a slot for a new sequence (old entries are overwritten before they are read)."""
+        self.lengths[slot] = 0
 
 
 class Transformer:
@@ -75,11 +85,11 @@ class Transformer:
         self.scale = np.float32(1.0 / math.sqrt(cfg.head_dim))
         self.eps = np.float32(cfg.rms_eps)
 
-    def new_cache(self, capacity: int) -> KVCache:
+    def new_cache(self, capacity: int, n_slots: int = 1) -> KVCache:
         if capacity > self.cfg.context_length:
             raise ContextLengthError(
                 f"{capacity} positions requested but the model's context length is {self.cfg.context_length}")
-        return KVCache(self.cfg, capacity, self.dtype)
+        return KVCache(self.cfg, capacity, self.dtype, n_slots)
 
     def _rope(self, n_pos: int):
         # Entries depend only on their own position, so growing the table never changes old rows.
@@ -91,24 +101,44 @@ class Transformer:
             self._cos, self._sin = cos, sin
         return self._cos, self._sin
 
-    def forward(self, tokens, cache: KVCache, all_logits: bool = False, threads: int | None = None) -> np.ndarray:
-        """Run `tokens` (ids at positions cache.length..) through the model, appending to `cache`.
-        Returns float32 logits: (len(tokens), vocab) if `all_logits`, else (1, vocab) for the last."""
+    def forward(self, tokens, cache: KVCache, all_logits: bool = False, threads: int | None = None,
+                slot: int = 0) -> np.ndarray:
+        """Run `tokens` (ids at positions cache.lengths[slot]..) through the model, appending to the
+        cache. Returns float32 logits: (len(tokens), vocab) if `all_logits`, else (1, vocab) for the last."""
+        return self.forward_batch([(slot, tokens)], cache, all_logits, threads)[0]
+
+    def forward_batch(self, items, cache: KVCache, all_logits: bool = False, threads: int | None = None):
+        """One pass over several sequences: `items` is [(slot, token ids), ...], each continuing its
+        slot of `cache`. Returns one logits array per item, as `forward` would for it alone: every row
+        is computed by the same per-output arithmetic whatever else shares the pass."""
         cfg = self.cfg
-        ids = np.ascontiguousarray(tokens, np.int64).reshape(-1)
-        T = ids.shape[0]
-        if T == 0:
-            raise TinydetError("forward: expected at least one token")
+        ids_l, pos_l, slot_l, ends = [], [], [], []
+        seen = set()
+        for slot, toks in items:
+            toks = np.asarray(toks, np.int64).reshape(-1)
+            if toks.shape[0] == 0:
+                raise TinydetError("forward: expected at least one token")
+            if slot in seen or not 0 <= slot < cache.lengths.shape[0]:
+                raise TinydetError(f"forward: slot {slot} is repeated or outside 0..{cache.lengths.shape[0] - 1}")
+            seen.add(slot)
+            start = int(cache.lengths[slot])
+            if start + toks.shape[0] > cache.capacity:
+                raise ContextLengthError(
+                    f"{start + toks.shape[0]} positions needed but the KV cache holds {cache.capacity}")
+            ids_l.append(toks)
+            pos_l.append(np.arange(start, start + toks.shape[0], dtype=np.int64))
+            slot_l.append(np.full(toks.shape[0], slot, np.int64))
+            ends.append(sum(a.shape[0] for a in ids_l))
+        ids = np.concatenate(ids_l)
+        pos = np.concatenate(pos_l)
+        slots = np.concatenate(slot_l)
         if ids.min() < 0 or ids.max() >= cfg.vocab_size:
             raise TinydetError(f"token ids must lie in [0, {cfg.vocab_size}), found {int(ids.min())}..{int(ids.max())}")
-        start = cache.length
-        if start + T > cache.capacity:
-            raise ContextLengthError(
-                f"{start + T} positions needed but the KV cache holds {cache.capacity}")
         if threads is not None:
             numba.set_num_threads(threads)
-        cos, sin = self._rope(start + T)
-        x = np.empty((T, cfg.dim), np.float32)
+        T = ids.shape[0]
+        cos, sin = self._rope(int(pos.max()) + 1)
+        x = np.empty((T, cfg.dim), np.float32)  # residual stream
         cpu.embed(self.tok_embeddings, ids, x)
         h = np.empty_like(x)
         qkv = np.empty((T, cfg.q_dim + 2 * cfg.kv_dim), np.float32)
@@ -121,8 +151,8 @@ class Transformer:
             kc, vc = cache.k[li], cache.v[li]
             cpu.rmsnorm(x, layer.attn_norm, self.eps, h)
             cpu.matmul(h, layer.wqkv, qkv.shape[1], qkv)
-            cpu.rope_store(qkv, cfg.q_dim, cfg.kv_dim, cfg.head_dim, cos, sin, start, kc, vc, q)
-            cpu.attention(q, kc, vc, start, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, self.scale, att)
+            cpu.rope_store(qkv, cfg.q_dim, cfg.kv_dim, cfg.head_dim, cos, sin, pos, slots, kc, vc, q)
+            cpu.attention(q, kc, vc, pos, slots, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, self.scale, att)
             cpu.matmul(att, layer.wo, cfg.dim, proj)
             cpu.add_inplace(x, proj)
             cpu.rmsnorm(x, layer.ffn_norm, self.eps, h)
@@ -130,10 +160,17 @@ class Transformer:
             cpu.swiglu(gu, cfg.ffn_dim, act)
             cpu.matmul(act, layer.w2, cfg.dim, proj)
             cpu.add_inplace(x, proj)
-        cache.length = start + T
-        rows = x if all_logits else x[T - 1:]
-        hn = np.empty_like(rows)
-        cpu.rmsnorm(np.ascontiguousarray(rows), self.norm, self.eps, hn)
+        for (slot, _), a in zip(items, ids_l):
+            cache.lengths[slot] += a.shape[0]
+        starts = [0] + ends[:-1]
+        if all_logits:
+            rows = np.arange(T)
+        else:
+            rows = np.array([e - 1 for e in ends])
+        hn = np.empty((rows.shape[0], cfg.dim), np.float32)
+        cpu.rmsnorm(np.ascontiguousarray(x[rows]), self.norm, self.eps, hn)
         logits = np.empty((rows.shape[0], cfg.vocab_size), np.float32)
         cpu.matmul(hn, self.output, cfg.vocab_size, logits)
-        return logits
+        if all_logits:
+            return [logits[a:b] for a, b in zip(starts, ends)]
+        return [logits[i:i + 1] for i in range(len(items))]

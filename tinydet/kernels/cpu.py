@@ -186,22 +186,24 @@ def rmsnorm(x, w, eps, out):
 
 
 @njit(parallel=True, cache=True)
-def rope_store(qkv, q_dim, kv_dim, head_dim, cos, sin, start, k_cache, v_cache, q_out):
-    """Rotate q and k of tokens at positions start.. (HF half-split layout: pairs (i, i + hd/2)),
-    write q to q_out and k, v into the layer's cache rows (rounded there once if the cache is fp16)."""
+def rope_store(qkv, q_dim, kv_dim, head_dim, cos, sin, pos, slot, k_cache, v_cache, q_out):
+    """Rotate q and k of each row t (position pos[t] of sequence slot[t]; HF half-split layout: pairs
+    (i, i + hd/2)), write q to q_out and k, v into the layer's cache (n_slots, capacity, kv_dim),
+    rounded there once if the cache is fp16."""
     T = qkv.shape[0]
     half = head_dim // 2
     n_q = q_dim // head_dim
     n_kv = kv_dim // head_dim
     for t in prange(T):
-        pos = start + t
+        p = pos[t]
+        s = slot[t]
         for h in range(n_q + n_kv):
             base = h * head_dim
             for i in range(half):
                 x0 = qkv[t, base + i]
                 x1 = qkv[t, base + i + half]
-                cs = cos[pos, i]
-                sn = sin[pos, i]
+                cs = cos[p, i]
+                sn = sin[p, i]
                 r0 = x0 * cs - x1 * sn
                 r1 = x1 * cs + x0 * sn
                 if h < n_q:
@@ -209,25 +211,26 @@ def rope_store(qkv, q_dim, kv_dim, head_dim, cos, sin, start, k_cache, v_cache, 
                     q_out[t, base + i + half] = r1
                 else:
                     kb = base - q_dim
-                    k_cache[pos, kb + i] = narrow(r0, k_cache)
-                    k_cache[pos, kb + i + half] = narrow(r1, k_cache)
+                    k_cache[s, p, kb + i] = narrow(r0, k_cache)
+                    k_cache[s, p, kb + i + half] = narrow(r1, k_cache)
         for i in range(kv_dim):
-            v_cache[pos, i] = narrow(qkv[t, q_dim + kv_dim + i], v_cache)
+            v_cache[s, p, i] = narrow(qkv[t, q_dim + kv_dim + i], v_cache)
 
 
 @njit(parallel=True, cache=True)
-def attention(q, k_cache, v_cache, start, n_heads, n_kv_heads, head_dim, scale, out):
-    """Causal grouped-query attention for tokens at positions start..start+T-1 against the cache.
+def attention(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, out):
+    """Causal grouped-query attention: row t attends to positions 0..pos[t] of sequence slot[t].
 
-    One (token, head) pair per work item; scores, softmax and the weighted sum of V run over cache
-    positions 0..pos in order, so a token's result does not depend on how the prompt was chunked."""
+    One (row, head) pair per work item; scores, softmax and the weighted sum of V run over cache
+    positions in order, so a row's result depends neither on how its prompt was chunked nor on
+    which other sequences share the batch."""
     T = q.shape[0]
     group = n_heads // n_kv_heads
     for job in prange(T * n_heads):
         t = job // n_heads
         h = job % n_heads
-        pos = start + t
-        n = pos + 1
+        sl = slot[t]
+        n = pos[t] + 1
         qo = h * head_dim
         ko = (h // group) * head_dim
         scores = np.empty(n, np.float32)
@@ -236,7 +239,7 @@ def attention(q, k_cache, v_cache, start, n_heads, n_kv_heads, head_dim, scale, 
             s = f32(0.0)
             c = f32(0.0)
             for d in range(head_dim):
-                y = q[t, qo + d] * widen(k_cache[i, ko + d]) - c
+                y = q[t, qo + d] * widen(k_cache[sl, i, ko + d]) - c
                 z = s + y
                 c = (z - s) - y
                 s = z
@@ -258,7 +261,7 @@ def attention(q, k_cache, v_cache, start, n_heads, n_kv_heads, head_dim, scale, 
         for i in range(n):
             p = scores[i]
             for d in range(head_dim):
-                y = p * widen(v_cache[i, ko + d]) - cmp[d]
+                y = p * widen(v_cache[sl, i, ko + d]) - cmp[d]
                 z = acc[d] + y
                 cmp[d] = (z - acc[d]) - y
                 acc[d] = z
