@@ -227,6 +227,79 @@ def info(model_name, verify):
 
 
 @main.command()
+@click.option("--model", "model_name", default=None, help="Model (default: smollm2-135m-instruct).")
+@click.option("--prompt", default="Once upon a time", show_default=True)
+@click.option("--new-tokens", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--dtype", "dtypes", multiple=True, type=click.Choice(["fp32", "fp16"]),
+              help="Default: both.")
+@click.option("--no-subprocess", is_flag=True, help="Skip the generic-CPU and reduced-NumPy-dispatch runs.")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--worker", default=None, hidden=True)
+@cli_errors
+def verify(model_name, prompt, new_tokens, dtypes, no_subprocess, as_json, worker):
+    """Run the determinism matrix and print a hash per cell; exit 1 on any difference."""
+    from .api import load
+    from .registry import DEFAULT_MODEL
+    from .verify import format_table, run_matrix, worker_hash
+
+    name = model_name or DEFAULT_MODEL
+    if worker is not None:  # one baseline cell, for the subprocess runs
+        model = load(name, dtype=(dtypes or ("fp32",))[0], threads=1)
+        click.echo(json.dumps({"hash": worker_hash(model, json.loads(worker), new_tokens)}))
+        return
+    first = load(name, dtype="fp32", threads=1)
+    ids = first.prompt_ids(prompt)
+    show = (lambda s: click.echo(f"\r{s[:70]:<70}", err=True, nl=False)) if sys.stderr.isatty() else None
+    cells = run_matrix(lambda d, t: first if d == "fp32" else load(name, dtype=d, threads=t), name, ids, new_tokens,
+                       dtypes or ("fp32", "fp16"), not no_subprocess, show)
+    if show:
+        click.echo("", err=True)
+    ok = all(c.ok for c in cells)
+    if as_json:
+        click.echo(json.dumps({"model": str(first.path), "model_sha256": first.sha256, "prompt_token_ids": ids,
+                               "new_tokens": new_tokens, "passed": ok, "cells": [vars(c) for c in cells]}))
+    else:
+        click.echo(f"model {first.path}\nprompt {prompt!r} ({len(ids)} tokens), {new_tokens} greedy tokens\n")
+        click.echo(format_table(cells))
+        click.echo(f"\n{'PASSED' if ok else 'FAILED'}: {sum(c.ok for c in cells)}/{len(cells)} cells equal the baseline")
+    sys.exit(0 if ok else 1)
+
+
+@main.command()
+@click.option("--model", "model_name", default=None, help="Model (default: smollm2-135m-instruct).")
+@click.option("--prompt", required=True)
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False))
+@click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), default=None)
+@click.option("--chunk", type=click.IntRange(min=1), default=None, help="Prefill in chunks of N tokens.")
+@click.option("--no-values", is_flag=True, help="Record hashes and statistics only, not the rows.")
+@cli_errors
+def trace(model_name, prompt, out_path, dtype, threads, chunk, no_values):
+    """Record every op's output hash and statistics, per layer and position, as JSON lines."""
+    from .trace import run_trace, write_trace
+
+    model = _load(model_name, dtype, threads, False)
+    ids = model.prompt_ids(prompt)
+    tracer = run_trace(model, ids, chunk, keep_values=not no_values)
+    write_trace(out_path, model, ids, tracer, {"chunk": chunk, "prompt": prompt})
+    click.echo(f"wrote {len(tracer.records)} records to {out_path}")
+
+
+@main.command()
+@click.argument("a", type=click.Path(dir_okay=False))
+@click.argument("b", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True)
+@cli_errors
+def diff(a, b, as_json):
+    """Name the first op, layer and position where two traces part (exit 1 if they do)."""
+    from .trace import diff_traces, format_diff
+
+    d = diff_traces(a, b)
+    click.echo(json.dumps(d) if as_json else format_diff(d))
+    sys.exit(0 if d["identical"] else 1)
+
+
+@main.command()
 @click.argument("source")
 @click.argument("out_dir")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True)

@@ -107,10 +107,12 @@ class Transformer:
         cache. Returns float32 logits: (len(tokens), vocab) if `all_logits`, else (1, vocab) for the last."""
         return self.forward_batch([(slot, tokens)], cache, all_logits, threads)[0]
 
-    def forward_batch(self, items, cache: KVCache, all_logits: bool = False, threads: int | None = None):
+    def forward_batch(self, items, cache: KVCache, all_logits: bool = False, threads: int | None = None,
+                      tracer=None):
         """One pass over several sequences: `items` is [(slot, token ids), ...], each continuing its
         slot of `cache`. Returns one logits array per item, as `forward` would for it alone: every row
-        is computed by the same per-output arithmetic whatever else shares the pass."""
+        is computed by the same per-output arithmetic whatever else shares the pass. `tracer`
+        (see trace.py) records every op's output per position; None costs nothing."""
         cfg = self.cfg
         ids_l, pos_l, slot_l, ends = [], [], [], []
         seen = set()
@@ -140,6 +142,9 @@ class Transformer:
         cos, sin = self._rope(int(pos.max()) + 1)
         x = np.empty((T, cfg.dim), np.float32)  # residual stream
         cpu.embed(self.tok_embeddings, ids, x)
+        rec = tracer.record if tracer is not None else None
+        if rec:
+            rec(None, "embedding", pos, slots, x)
         h = np.empty_like(x)
         qkv = np.empty((T, cfg.q_dim + 2 * cfg.kv_dim), np.float32)
         q = np.empty((T, cfg.q_dim), np.float32)
@@ -147,19 +152,39 @@ class Transformer:
         proj = np.empty_like(x)
         gu = np.empty((T, 2 * cfg.ffn_dim), np.float32)
         act = np.empty((T, cfg.ffn_dim), np.float32)
+        qd, kvd, fd = cfg.q_dim, cfg.kv_dim, cfg.ffn_dim
         for li, layer in enumerate(self.layers):
             kc, vc = cache.k[li], cache.v[li]
             cpu.rmsnorm(x, layer.attn_norm, self.eps, h)
             cpu.matmul(h, layer.wqkv, qkv.shape[1], qkv)
-            cpu.rope_store(qkv, cfg.q_dim, cfg.kv_dim, cfg.head_dim, cos, sin, pos, slots, kc, vc, q)
+            cpu.rope_store(qkv, qd, kvd, cfg.head_dim, cos, sin, pos, slots, kc, vc, q)
+            if rec:
+                rec(li, "attn_norm", pos, slots, h)
+                rec(li, "q", pos, slots, qkv[:, :qd])
+                rec(li, "k", pos, slots, qkv[:, qd:qd + kvd])
+                rec(li, "v", pos, slots, qkv[:, qd + kvd:])
+                rec(li, "rope_q", pos, slots, q)
+                rec(li, "rope_k", pos, slots, cpu.widen_rows(kc, slots, pos))
             cpu.attention(q, kc, vc, pos, slots, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, self.scale, att)
             cpu.matmul(att, layer.wo, cfg.dim, proj)
+            if rec:
+                rec(li, "attention", pos, slots, att)
+                rec(li, "attn_output", pos, slots, proj)
             cpu.add_inplace(x, proj)
             cpu.rmsnorm(x, layer.ffn_norm, self.eps, h)
-            cpu.matmul(h, layer.w13, 2 * cfg.ffn_dim, gu)
-            cpu.swiglu(gu, cfg.ffn_dim, act)
+            cpu.matmul(h, layer.w13, 2 * fd, gu)
+            cpu.swiglu(gu, fd, act)
+            if rec:
+                rec(li, "attn_residual", pos, slots, x)
+                rec(li, "ffn_norm", pos, slots, h)
+                rec(li, "gate", pos, slots, gu[:, :fd])
+                rec(li, "up", pos, slots, gu[:, fd:])
+                rec(li, "activation", pos, slots, act)
             cpu.matmul(act, layer.w2, cfg.dim, proj)
             cpu.add_inplace(x, proj)
+            if rec:
+                rec(li, "down", pos, slots, proj)
+                rec(li, "ffn_residual", pos, slots, x)
         for (slot, _), a in zip(items, ids_l):
             cache.lengths[slot] += a.shape[0]
         starts = [0] + ends[:-1]
@@ -171,6 +196,9 @@ class Transformer:
         cpu.rmsnorm(np.ascontiguousarray(x[rows]), self.norm, self.eps, hn)
         logits = np.empty((rows.shape[0], cfg.vocab_size), np.float32)
         cpu.matmul(hn, self.output, cfg.vocab_size, logits)
+        if rec:
+            rec(None, "final_norm", pos[rows], slots[rows], hn)
+            rec(None, "logits", pos[rows], slots[rows], logits)
         if all_logits:
             return [logits[a:b] for a, b in zip(starts, ends)]
         return [logits[i:i + 1] for i in range(len(items))]

@@ -297,6 +297,16 @@ def embed(table, ids, out):
 
 
 @njit(cache=True)
+def widen_rows(cache, slots, pos):
+    """cache[slots[t], pos[t]] as float32 rows (for tracing what the cache holds)."""
+    out = np.empty((pos.shape[0], cache.shape[2]), np.float32)
+    for t in range(pos.shape[0]):
+        for i in range(cache.shape[2]):
+            out[t, i] = widen(cache[slots[t], pos[t], i])
+    return out
+
+
+@njit(cache=True)
 def rope_tables(n_pos, inv_freq, cos, sin):
     """cos/sin[pos, i] of pos * inv_freq[i], in float64 with tinydet's own sincos, rounded once."""
     for p in range(n_pos):

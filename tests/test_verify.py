@@ -1,0 +1,48 @@
+"""`tinydet verify`: the whole matrix passes on the real models; a broken kernel fails it."""
+
+from __future__ import annotations
+
+import json
+
+import numba
+import numpy as np
+from click.testing import CliRunner
+
+import tinydet
+from tinydet.cli import main
+from tinydet.kernels import cpu
+from tinydet.verify import run_matrix
+
+
+def test_verify_stories_passes_every_cell(stories_path):
+    r = CliRunner().invoke(main, ["verify", "--model", str(stories_path), "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["passed"]
+    groups = {(c["dtype"], c["group"], c["variant"]) for c in out["cells"]}
+    for dtype in ("fp32", "fp16"):
+        for g in ("repeat", "threads", "prefill", "kv cache", "batch", "numba target", "numpy dispatch"):
+            assert any(k[0] == dtype and k[1] == g for k in groups), (dtype, g)
+    assert len(out["cells"]) == 34 and all(c["ok"] for c in out["cells"])
+    assert len({c["hash"] for c in out["cells"] if c["dtype"] == "fp32"}) == 1
+
+
+def test_verify_smollm_passes(smollm_path):
+    r = CliRunner().invoke(main, ["verify", "--model", str(smollm_path), "--new-tokens", "8"])
+    assert r.exit_code == 0, r.output
+    assert "PASSED: 34/34" in r.output
+
+
+def test_verify_catches_a_thread_dependent_kernel(stories_path, monkeypatch):
+    original = cpu.matmul
+
+    def racy(x, wp, n_out, out):
+        original(x, wp, n_out, out)
+        if numba.get_num_threads() > 2:  # a result that depends on the thread count
+            out += np.float32(1e-6) * out
+
+    monkeypatch.setattr(cpu, "matmul", racy)
+    cells = run_matrix(lambda d, t: tinydet.load(stories_path, dtype=d, threads=t), stories_path,
+                       [1, 403, 407], 4, dtypes=("fp32",), subprocesses=False)
+    bad = {(c.group, c.variant) for c in cells if not c.ok}
+    assert bad == {("threads", "3"), ("threads", "4")}

@@ -1,0 +1,160 @@
+"""The determinism matrix behind `tinydet verify`: one workload run many ways, a hash per cell.
+
+Workload: greedy generation of `n_new` tokens from the prompt. A cell's hash is SHA-256 over the
+generated ids (int32 LE) and the float32 logits rows that chose them. Every cell must equal the
+baseline (1 thread, whole-prompt prefill, alone, KV cache, this process).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from .generate import hash_ids, hash_logits
+from .sampling import SamplingParams, sample
+
+OTHER_PROMPTS = ["The little dog ran", "A", "Why is the sky blue? Because"]
+
+
+@dataclass
+class Cell:
+    dtype: str
+    group: str
+    variant: str
+    hash: str | None
+    ok: bool | None = None
+    note: str = ""
+
+
+def _digest(ids, rows) -> str:
+    return hashlib.sha256((hash_ids(ids) + hash_logits(rows)).encode()).hexdigest()
+
+
+def run_cached(model, prompt_ids, n_new, chunk=None):
+    """Greedy with a KV cache, the prompt prefilled in chunks of `chunk` tokens (None: at once)."""
+    tr = model.transformer
+    cache = tr.new_cache(len(prompt_ids) + n_new)
+    step = chunk or len(prompt_ids)
+    for i in range(0, len(prompt_ids), step):
+        logits = tr.forward(prompt_ids[i:i + step], cache, threads=model.threads)[0]
+    ids, rows = [], []
+    for k in range(n_new):
+        tok = sample(logits, SamplingParams(), len(prompt_ids) + k)
+        ids.append(tok)
+        rows.append(logits)
+        if k + 1 < n_new:
+            logits = tr.forward([tok], cache, threads=model.threads)[0]
+    return ids, rows
+
+
+def run_recompute(model, prompt_ids, n_new):
+    """Greedy with no cache reuse: every step runs the whole sequence from an empty cache."""
+    tr = model.transformer
+    seq = list(prompt_ids)
+    ids, rows = [], []
+    for k in range(n_new):
+        logits = tr.forward(seq, tr.new_cache(len(seq)), threads=model.threads)[0]
+        tok = sample(logits, SamplingParams(), len(seq))
+        ids.append(tok)
+        rows.append(logits)
+        seq.append(tok)
+    return ids, rows
+
+
+def run_batch(model, prompt_ids, n_new, where: str):
+    others = [dict(prompt=p, max_tokens=n_new + 3 * i, temperature=0.8, seed=i) for i, p in enumerate(OTHER_PROMPTS)]
+    target = dict(prompt=list(prompt_ids), max_tokens=n_new)
+    batch = {"alone": [target], "first": [target] + others, "last": others + [target],
+             "among": others[:1] + [target] + others[1:]}[where]
+    g = model.generate_batch(batch, max_batch=len(batch))[batch.index(target)]
+    # generate_batch may stop early at EOS; the cached run then must too.
+    return g.token_ids, None, g.logits_hash
+
+
+def npy_dispatch_to_disable() -> str:
+    """NumPy's dispatch targets above the baseline that use AVX2 or AVX-512."""
+    try:
+        from numpy._core import _multiarray_umath as m
+    except ImportError:  # NumPy 1.x
+        from numpy.core import _multiarray_umath as m
+    tags = ("AVX512", "AVX2", "X86_V3", "X86_V4", "FMA3")
+    return " ".join(f for f in m.__cpu_dispatch__ if any(t in f for t in tags))
+
+
+def _subprocess_cell(model_name, dtype, prompt_ids, n_new, env_extra: dict) -> tuple[str | None, str]:
+    env = dict(os.environ, **env_extra)
+    cmd = [sys.executable, "-m", "tinydet", "verify", "--model", str(model_name), "--dtype", dtype,
+           "--new-tokens", str(n_new), "--worker", json.dumps(list(prompt_ids))]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    if r.returncode != 0:
+        return None, (r.stderr.strip().splitlines() or ["failed"])[-1]
+    return json.loads(r.stdout)["hash"], ""
+
+
+def worker_hash(model, prompt_ids, n_new) -> str:
+    ids, rows = run_cached(model, list(prompt_ids), n_new)
+    return _digest(ids, rows)
+
+
+def run_matrix(load, model_name, prompt_ids, n_new: int, dtypes=("fp32", "fp16"), subprocesses: bool = True,
+               progress=None) -> list[Cell]:
+    """All cells for each dtype. `load(dtype, threads)` returns a Model."""
+    cells: list[Cell] = []
+    for dtype in dtypes:
+        model = load(dtype, 1)
+        ids = list(prompt_ids)
+
+        def add(group, variant, fn, note=""):
+            if progress:
+                progress(f"{dtype} {group} {variant}")
+            out = fn()
+            h = out[2] if len(out) == 3 else _digest(*out)
+            cells.append(Cell(dtype, group, variant, h, note=note))
+
+        model.threads = 1
+        add("baseline", "1 thread, whole prompt, alone, KV cache", lambda: run_cached(model, ids, n_new))
+        base_ids, base_rows = run_cached(model, ids, n_new)
+        add("repeat", "second run", lambda: run_cached(model, ids, n_new))
+        for t in (1, 2, 3, 4):
+            model.threads = t
+            add("threads", str(t), lambda: run_cached(model, ids, n_new))
+        model.threads = 1
+        for chunk, name in ((None, "whole"), (1, "token by token"), (7, "chunks of 7"), (64, "chunks of 64")):
+            add("prefill", name, lambda: run_cached(model, ids, n_new, chunk))
+        add("kv cache", "full recompute", lambda: run_recompute(model, ids, n_new))
+        # generate_batch stops at EOS; a batch cell matches when its tokens and logits rows equal the
+        # baseline's (up to where it stopped), and then carries the baseline's hash.
+        for where in ("alone", "first", "last", "among"):
+            if progress:
+                progress(f"{dtype} batch {where}")
+            tok, _, lh = run_batch(model, ids, n_new, where)
+            n = len(tok)
+            same = tok == base_ids[:n] and lh == hash_logits(base_rows[:n])
+            cells.append(Cell(dtype, "batch", where, _digest(base_ids, base_rows) if same else lh))
+        if subprocesses:
+            for group, env in (("numba target", {"NUMBA_CPU_NAME": "generic"}),
+                               ("numpy dispatch", {"NPY_DISABLE_CPU_FEATURES": npy_dispatch_to_disable()})):
+                if progress:
+                    progress(f"{dtype} {group}")
+                h, err = _subprocess_cell(model_name, dtype, ids, n_new, env)
+                variant = "generic x86-64" if group == "numba target" else "no AVX2/AVX-512"
+                cells.append(Cell(dtype, group, variant, h, note=err))
+    baselines = {c.dtype: c.hash for c in cells if c.group == "baseline"}
+    for c in cells:
+        c.ok = c.hash is not None and c.hash == baselines[c.dtype]
+    return cells
+
+
+def format_table(cells: list[Cell]) -> str:
+    lines = [f"{'dtype':<6} {'cell':<16} {'variant':<40} {'hash':<18} result"]
+    for c in cells:
+        h = (c.hash or "-")[:16]
+        res = "ok" if c.ok else ("FAILED: " + c.note if c.note else "DIFFERS")
+        lines.append(f"{c.dtype:<6} {c.group:<16} {c.variant:<40} {h:<18} {res}")
+    return "\n".join(lines)
