@@ -300,6 +300,44 @@ def diff(a, b, as_json):
 
 
 @main.command()
+@click.argument("model_name")
+@click.option("--check", "check_path", type=click.Path(dir_okay=False), default=None,
+              help="Run a golden file's cases and compare the hashes (exit 1 on any difference).")
+@click.option("--write", "write_path", type=click.Path(dir_okay=False), default=None,
+              help="Run the default cases and write their hashes here.")
+@click.option("--overwrite", is_flag=True, help="With --write: replace an existing golden file.")
+@click.option("--threads", type=click.IntRange(min=1), default=None)
+@cli_errors
+def golden(model_name, check_path, write_path, overwrite, threads):
+    """Check or (re)generate golden hashes for a model."""
+    from .api import load
+    from .golden import check_golden, default_cases, read_golden, run_cases, write_golden
+    from .registry import resolve_model
+
+    if (check_path is None) == (write_path is None):
+        raise TinydetError("golden: give exactly one of --check FILE or --write FILE")
+    path = resolve_model(model_name)
+    models = {}
+
+    def get(dtype):
+        if dtype not in models:
+            models[dtype] = load(path, dtype=dtype, threads=threads)
+        return models[dtype]
+
+    sha = get("fp32").sha256
+    if check_path:
+        bad = check_golden(get, read_golden(check_path), sha)
+        for line in bad:
+            click.echo(line)
+        n = len(read_golden(check_path)["cases"])
+        click.echo(f"{'FAILED' if bad else 'PASSED'}: {n - len(bad) if bad else n} of {n} golden cases match")
+        sys.exit(1 if bad else 0)
+    results = run_cases(get, default_cases(path.name))
+    write_golden(write_path, path.name, sha, results, overwrite)
+    click.echo(f"wrote {len(results)} cases to {write_path}")
+
+
+@main.command()
 @click.argument("source")
 @click.argument("out_dir")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True)
