@@ -99,3 +99,28 @@ def test_threads_do_not_change_generation(stories_path):
     outs = {tinydet.load(stories_path, threads=t).generate("Once", max_tokens=30, temperature=0.7, seed=9).logits_hash
             for t in (1, 2, 3)}
     assert len(outs) == 1
+
+
+def test_structured_log(tmp_path, stories_path):
+    import hashlib as hl
+
+    log = tmp_path / "requests.jsonl"
+    r = subprocess.run([sys.executable, "-m", "tinydet", "generate", "Once", "--model", str(stories_path),
+                        "--max-tokens", "8", "--log", str(log), "--json"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    model = tinydet.load(stories_path, log=log)
+    g = model.generate("Once", max_tokens=8, temperature=0.5, seed=3)
+    batch = model.generate_batch([dict(prompt="Once", max_tokens=8), dict(prompt="Ben", max_tokens=4)])
+    "".join(model.stream("Lily", max_tokens=5))
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert len(lines) == 5
+    first = lines[0]
+    assert first["output_hash"] == out["output_hash"] and first["logits_hash"] == out["logits_hash"]
+    assert first["model_sha256"] == hl.sha256(stories_path.read_bytes()).hexdigest()
+    assert first["prompt_hash"] == hash_ids(out["prompt_token_ids"]) and first["backend"] == "cpu-numba"
+    for key in ("time", "request_id", "tinydet_version", "settings", "dtype", "threads", "timings"):
+        assert key in first
+    assert lines[1]["output_hash"] == g.output_hash and lines[1]["settings"]["seed"] == 3
+    assert [x["output_hash"] for x in lines[2:4]] == [b.output_hash for b in batch]
+    assert lines[4]["n_tokens"] == 5 and len({x["request_id"] for x in lines}) == 5

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import time
+import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -12,7 +16,7 @@ import numpy as np
 
 from .config import config_from_gguf
 from .errors import ModelFormatError, TinydetError
-from .generate import Generation, Request, check_context, generate, generate_batch, stream_generate
+from .generate import Generation, Request, SequenceState, check_context, generate, generate_batch, stream_generate
 from .gguf import GGUFFile
 from .model import DTYPES, Transformer
 from .sampling import SamplingParams
@@ -54,7 +58,8 @@ def file_sha256(path: Path) -> str:
 class Model:
     """A loaded model: tokenizer, packed weights and the settings it runs with."""
 
-    def __init__(self, path: Path, transformer: Transformer, tokenizer: Tokenizer, metadata: dict, threads: int):
+    def __init__(self, path: Path, transformer: Transformer, tokenizer: Tokenizer, metadata: dict, threads: int,
+                 log: str | os.PathLike | None = None):
         self.path = path
         self.transformer = transformer
         self.tokenizer = tokenizer
@@ -63,6 +68,7 @@ class Model:
         self.dtype = transformer.dtype
         self.threads = threads
         self._sha256: str | None = None
+        self.log = log  # a JSON-lines file that gets one line per request, or None
 
     @property
     def sha256(self) -> str:
@@ -109,7 +115,28 @@ class Model:
         ids = self.prompt_ids(prompt)
         g = generate(self.transformer, self.tokenizer, ids, params, max_tokens, stop or (), self.threads)
         g.settings = self._settings(params, max_tokens, stop)
+        self._log(g)
         return g
+
+    def _log(self, g: Generation) -> None:
+        """Append one JSON line describing a finished request to `self.log`."""
+        if self.log is None:
+            return
+        from . import __version__
+        from .generate import hash_ids
+
+        record = {
+            "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+            "request_id": uuid.uuid4().hex, "tinydet_version": __version__, "model": str(self.path),
+            "model_sha256": self.sha256, "prompt_hash": hash_ids(g.prompt_token_ids),
+            "n_prompt_tokens": len(g.prompt_token_ids), "n_tokens": len(g.token_ids),
+            "output_hash": g.output_hash, "logits_hash": g.logits_hash, "finish_reason": g.finish_reason,
+            "settings": g.settings, "dtype": self.dtype, "threads": self.threads, "backend": "cpu-numba",
+            "timings": {"prefill_seconds": g.prefill_seconds, "decode_seconds": g.decode_seconds,
+                        "tokens_per_second": g.tokens_per_second},
+        }
+        with open(self.log, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
 
     def _settings(self, params: SamplingParams, max_tokens: int, stop) -> dict:
         return dict(max_tokens=max_tokens, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
@@ -133,6 +160,7 @@ class Model:
         out = generate_batch(self.transformer, self.tokenizer, reqs, max_batch, self.threads)
         for r, g in zip(reqs, out):
             g.settings = self._settings(r.params, r.max_tokens, r.stop)
+            self._log(g)
         return out
 
     def chat_prompt(self, messages: Sequence[dict]) -> list[int]:
@@ -158,18 +186,30 @@ class Model:
         """Yield pieces of text as they are produced (the same tokens as `generate`)."""
         params = self._params(temperature, top_k, top_p, min_p, seed)
         ids = self.prompt_ids(prompt)
-        for r in stream_generate(self.transformer, self.tokenizer, ids, params, max_tokens, stop or (), self.threads):
+        state = SequenceState(self.tokenizer, ids, params, max_tokens, stop or ())
+        t0 = time.perf_counter()
+        t_first = None
+        for r in stream_generate(self.transformer, self.tokenizer, ids, params, max_tokens, stop or (), self.threads,
+                                 state=state):
+            t_first = t_first or time.perf_counter()
             if r.text:
                 yield r.text
+        if self.log is not None:
+            t1 = time.perf_counter()
+            g = state.result(t_first - t0, t1 - t_first)
+            g.settings = self._settings(params, max_tokens, stop)
+            self._log(g)
 
 
 def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: int | None = None,
-         progress: Callable[[int, int, str], None] | None = None, verify: bool = False) -> Model:
+         progress: Callable[[int, int, str], None] | None = None, verify: bool = False,
+         log: str | os.PathLike | None = None) -> Model:
     """Load a model: a GGUF file, a Hugging Face directory (config.json + safetensors), or the name of
     a known model (`tinydet models`), pulled into the cache on first use; None means the default
     model. `dtype` is "fp32" or "fp16" (weights and KV cache stored as binary16, arithmetic in
     float32); `threads` defaults to the CPUs this process may use. `verify` re-hashes a known model's
-    file even when the cache says it was checked."""
+    file even when the cache says it was checked. `log` names a file that gets one JSON line per request
+    (time, request id, version, model SHA-256, prompt/output/logits hashes, settings, timings)."""
     from .registry import DEFAULT_MODEL, resolve_model
 
     if dtype not in DTYPES:
@@ -190,4 +230,4 @@ def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: i
         weights = load_gguf_weights(g, cfg, progress)
         metadata = g.metadata
     transformer = Transformer(cfg, weights, dtype)
-    return Model(path, transformer, tokenizer, metadata, threads)
+    return Model(path, transformer, tokenizer, metadata, threads, log)

@@ -54,6 +54,8 @@ def model_options(fn):
         click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True),
         click.option("--threads", type=click.IntRange(min=1), default=None, help="Default: the CPUs available."),
         click.option("--verify", is_flag=True, help="Re-hash a known model's file before use."),
+        click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None,
+                     help="Append one JSON line per request to this file."),
     ]):
         fn = opt(fn)
     return fn
@@ -73,12 +75,12 @@ def sampling_options(fn):
     return fn
 
 
-def _load(model_name, dtype, threads, verify):
+def _load(model_name, dtype, threads, verify, log_path=None):
     from .api import load
     from .kernels import cache_is_warm
 
     model = load(model_name, dtype=dtype, threads=threads, progress=_progress(model_name or "default model"),
-                 verify=verify)
+                 verify=verify, log=log_path)
     if not cache_is_warm():
         click.echo("compiling kernels (first run only; cached afterwards)...", err=True)
     return model
@@ -105,10 +107,10 @@ def main():
 @click.option("--system", default=None, help="With --chat: a system message.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 @cli_errors
-def generate(prompt, model_name, dtype, threads, verify, max_tokens, temperature, top_k, top_p, min_p, seed, stop,
+def generate(prompt, model_name, dtype, threads, verify, log_path, max_tokens, temperature, top_k, top_p, min_p, seed, stop,
              as_chat, system, as_json):
     """Continue PROMPT (empty: start from BOS), streaming the text as it is produced."""
-    model = _load(model_name, dtype, threads, verify)
+    model = _load(model_name, dtype, threads, verify, log_path)
     if as_chat:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         ids = model.chat_prompt(messages)
@@ -145,9 +147,9 @@ def generate(prompt, model_name, dtype, threads, verify, max_tokens, temperature
 @sampling_options
 @click.option("--system", default=None, help="A system message to start the conversation with.")
 @cli_errors
-def chat(model_name, dtype, threads, verify, max_tokens, temperature, top_k, top_p, min_p, seed, stop, system):
+def chat(model_name, dtype, threads, verify, log_path, max_tokens, temperature, top_k, top_p, min_p, seed, stop, system):
     """Talk with a model through its chat template. History is kept; an empty line or EOF ends."""
-    model = _load(model_name, dtype, threads, verify)
+    model = _load(model_name, dtype, threads, verify, log_path)
     messages = [{"role": "system", "content": system}] if system else []
     kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                   min_p=min_p, seed=seed, stop=list(stop))
