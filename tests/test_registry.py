@@ -173,7 +173,7 @@ def test_shipped_manifests():
     assert all(s.url.startswith("https://") for s in m.sources[1:])
     m = load_manifest(ROOT / "models" / "stories260k.toml")
     assert m.sources[0].url == "https://huggingface.co/ggml-org/models/resolve/main/tinyllamas/stories260K.gguf"
-    assert m.golden == {}
+    assert set(m.golden) >= {"prompt", "dtype", "output_hash", "logits_hash"}
 
 
 def test_shipped_stories_manifest_matches_the_real_file(stories_path):

@@ -1,0 +1,186 @@
+"""GGUF -> Hugging Face directory (config.json, model.safetensors, tokenizer files).
+
+The weights come through tinydet's own GGUF path (dequantized exactly, Q/K rows un-permuted), so they
+are already in HF's layout under canonical names; only the names change. The result loads in
+transformers as a plain LlamaForCausalLM and in tinydet with the same logits, bit for bit, as the GGUF.
+
+`dtype="fp16"` stores the matrices (embedding, projections, output) as binary16, rounded once with
+NumPy's round-to-nearest-even, and keeps the RMSNorm weights float32 — exactly what tinydet's fp16
+mode stores, so that directory at fp16 runs the same bits as the GGUF at fp16.
+
+Files are written into a temporary sibling directory that is renamed into place at the end: a failed
+conversion leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .config import config_from_gguf
+from .errors import ModelFormatError, TinydetError
+from .gguf import GGUFFile
+from .hf import (CONFIG_FILE, GENERATION_CONFIG_FILE, HF_NAMES, SAFETENSORS_FILE, TOKENIZER_CONFIG_FILE,
+                 TOKENIZER_FILE)
+from .tokenizer import Tokenizer
+from .weights import canonical_names, load_gguf_weights
+
+__all__ = ["convert_gguf_to_hf", "CONVERT_DTYPES"]
+
+CONVERT_DTYPES = ("fp32", "fp16")
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _write_safetensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
+    from safetensors.numpy import save_file
+
+    save_file(tensors, str(path), metadata=metadata)
+
+
+def _check_out_dir(out: Path, overwrite: bool) -> None:
+    if out.exists() or out.is_symlink():
+        if not out.is_dir():
+            raise TinydetError(f"{out}: exists and is not a directory")
+        if any(out.iterdir()) and not overwrite:
+            raise TinydetError(f"{out}: directory exists and is not empty (overwrite=True, or "
+                               "`tinydet convert --overwrite`, replaces it)")
+
+
+def convert_gguf_to_hf(gguf_path, out_dir, dtype: str = "fp32", overwrite: bool = False,
+                       progress: Callable[[int, int, str], None] | None = None) -> Path:
+    """Convert a GGUF Llama model to a Hugging Face directory at `out_dir`; returns its path.
+
+    `dtype` is "fp32" or "fp16" (matrices as binary16, norms float32). A non-empty `out_dir` is
+    refused unless `overwrite`. `progress(done, total, name)` reports the tensors as they are read."""
+    if dtype not in CONVERT_DTYPES:
+        raise TinydetError(f"dtype: expected one of {', '.join(CONVERT_DTYPES)}, found {dtype!r}")
+    src = Path(gguf_path)
+    out = Path(os.path.abspath(out_dir))  # "." or "x/.." need a real name for the sibling temp directory
+    _check_out_dir(out, overwrite)
+
+    g = GGUFFile(src)
+    cfg = config_from_gguf(g)
+    tok = Tokenizer.from_gguf_metadata(g.metadata, src)
+    if tok.vocab_size > cfg.vocab_size:
+        raise ModelFormatError(src, "tokenizer.ggml.tokens",
+                               f"{tok.vocab_size} tokens but the model has a vocabulary of {cfg.vocab_size}")
+    tied = "output.weight" not in g.tensors
+    weights = load_gguf_weights(g, cfg, progress)  # canonical float32, HF's Q/K layout
+
+    tensors: dict[str, np.ndarray] = {}  # HF name -> array; shapes as in weights.expected_shapes
+    for canon, key in canonical_names(cfg):
+        if canon == "output" and tied:
+            continue
+        w = np.ascontiguousarray(weights[canon], dtype=np.float32)
+        if dtype == "fp16" and w.ndim == 2:
+            w = w.astype(np.float16)  # the one rounding: IEEE round-to-nearest-even
+        name = HF_NAMES[key].format(canon.split(".")[1]) if "{}" in key else HF_NAMES[key]
+        tensors[name] = w
+
+    def piece(i):
+        return None if i is None else tok.hf.id_to_token(i)
+
+    eos = list(tok.eos_ids)
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": cfg.dim,
+        "intermediate_size": cfg.ffn_dim,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "vocab_size": cfg.vocab_size,
+        "max_position_embeddings": cfg.context_length,
+        "rope_theta": cfg.rope_base,
+        "rope_scaling": None,
+        "rms_norm_eps": cfg.rms_eps,  # the file's float32 value, widened exactly
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": tied,
+        "bos_token_id": tok.bos_id,
+        "eos_token_id": tok.eos_id,
+        "pad_token_id": tok.pad_id,
+        "torch_dtype": "float16" if dtype == "fp16" else "float32",
+    }
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": piece(tok.bos_id),
+        "eos_token": piece(tok.eos_id),
+        "unk_token": piece(tok.unk_id),
+        "pad_token": piece(tok.pad_id),
+        "add_bos_token": tok.add_bos,
+        "add_eos_token": tok.add_eos,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": cfg.context_length,
+    }
+    if tok.chat_template is not None:
+        tokenizer_config["chat_template"] = tok.chat_template
+    generation_config = {
+        "bos_token_id": tok.bos_id,
+        "eos_token_id": eos[0] if len(eos) == 1 else (eos or None),
+    }
+    if tok.pad_id is not None:
+        generation_config["pad_token_id"] = tok.pad_id
+    st_meta = {"format": "pt", "converted_from": src.name, "converter": "tinydet"}
+    name = g.get("general.name")
+    if isinstance(name, str):
+        st_meta["general.name"] = name
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        _write_safetensors(tmp / SAFETENSORS_FILE, tensors, st_meta)
+        del tensors, weights
+        (tmp / TOKENIZER_FILE).write_text(tok.hf.to_str(), encoding="utf-8")
+        _write_json(tmp / TOKENIZER_CONFIG_FILE, tokenizer_config)
+        _write_json(tmp / GENERATION_CONFIG_FILE, generation_config)
+        _write_json(tmp / CONFIG_FILE, config)
+        # mkdtemp makes the directory 0700 (and safetensors its file 0600): give them the usual modes.
+        mask = _umask()
+        for f in tmp.iterdir():
+            os.chmod(f, 0o666 & ~mask)
+        os.chmod(tmp, 0o777 & ~mask)
+        _move_into_place(tmp, out, overwrite)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _move_into_place(tmp: Path, out: Path, overwrite: bool) -> None:
+    """Rename `tmp` to `out`. An existing empty `out` is replaced; a non-empty one only with
+    `overwrite`, moved aside first and deleted once the new directory is in place."""
+    _check_out_dir(out, overwrite)  # again: it may have changed during the conversion
+    if not out.exists():
+        os.rename(tmp, out)
+        return
+    if not any(out.iterdir()):
+        os.rmdir(out)
+        os.rename(tmp, out)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+    os.rmdir(old)
+    os.rename(out, old)
+    try:
+        os.rename(tmp, out)
+    except BaseException:
+        os.rename(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
