@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 
 import tinydet
 from tinydet.generate import hash_ids, hash_logits

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pytest
 
 from tinydet.kernels.cpu import from_f16_bits, to_f16_bits
 from tinydet.kernels.mathfn import exp32, exp64, log64, sincos64

@@ -201,6 +201,17 @@ class Model:
             self._log(g)
 
 
+def read_gguf_model(path: Path, progress=None):
+    """(GGUFFile, Config, Tokenizer, canonical float32 weights) of a GGUF llama model."""
+    g = GGUFFile(path)
+    cfg = config_from_gguf(g)
+    tokenizer = Tokenizer.from_gguf_metadata(g.metadata, path)
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise ModelFormatError(path, "tokenizer.ggml.tokens",
+                               f"{tokenizer.vocab_size} tokens but the model has a vocabulary of {cfg.vocab_size}")
+    return g, cfg, tokenizer, load_gguf_weights(g, cfg, progress)
+
+
 def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: int | None = None,
          progress: Callable[[int, int, str], None] | None = None, verify: bool = False,
          log: str | os.PathLike | None = None) -> Model:
@@ -221,13 +232,7 @@ def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: i
 
         cfg, weights, tokenizer, metadata = load_hf_dir(path, progress)
     else:
-        g = GGUFFile(path)
-        cfg = config_from_gguf(g)
-        tokenizer = Tokenizer.from_gguf_metadata(g.metadata, path)
-        if tokenizer.vocab_size > cfg.vocab_size:
-            raise ModelFormatError(path, "tokenizer.ggml.tokens",
-                                   f"{tokenizer.vocab_size} tokens but the model has a vocabulary of {cfg.vocab_size}")
-        weights = load_gguf_weights(g, cfg, progress)
+        g, cfg, tokenizer, weights = read_gguf_model(path, progress)
         metadata = g.metadata
     transformer = Transformer(cfg, weights, dtype)
     return Model(path, transformer, tokenizer, metadata, threads, log)

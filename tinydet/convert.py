@@ -23,13 +23,11 @@ from typing import Callable
 
 import numpy as np
 
-from .config import config_from_gguf
-from .errors import ModelFormatError, TinydetError
-from .gguf import GGUFFile
+from .errors import TinydetError
+from .api import read_gguf_model
 from .hf import (CONFIG_FILE, GENERATION_CONFIG_FILE, HF_NAMES, SAFETENSORS_FILE, TOKENIZER_CONFIG_FILE,
                  TOKENIZER_FILE)
-from .tokenizer import Tokenizer
-from .weights import canonical_names, load_gguf_weights
+from .weights import canonical_names
 
 __all__ = ["convert_gguf_to_hf", "CONVERT_DTYPES"]
 
@@ -67,14 +65,8 @@ def convert_gguf_to_hf(gguf_path, out_dir, dtype: str = "fp32", overwrite: bool 
     out = Path(os.path.abspath(out_dir))  # "." or "x/.." need a real name for the sibling temp directory
     _check_out_dir(out, overwrite)
 
-    g = GGUFFile(src)
-    cfg = config_from_gguf(g)
-    tok = Tokenizer.from_gguf_metadata(g.metadata, src)
-    if tok.vocab_size > cfg.vocab_size:
-        raise ModelFormatError(src, "tokenizer.ggml.tokens",
-                               f"{tok.vocab_size} tokens but the model has a vocabulary of {cfg.vocab_size}")
+    g, cfg, tok, weights = read_gguf_model(src, progress)  # canonical float32, HF's Q/K layout
     tied = "output.weight" not in g.tensors
-    weights = load_gguf_weights(g, cfg, progress)  # canonical float32, HF's Q/K layout
 
     tensors: dict[str, np.ndarray] = {}  # HF name -> array; shapes as in weights.expected_shapes
     for canon, key in canonical_names(cfg):

@@ -9,7 +9,6 @@ tensor byte is read.
 from __future__ import annotations
 
 import os
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any

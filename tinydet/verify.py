@@ -14,7 +14,6 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-import numpy as np
 
 from .generate import hash_ids, hash_logits
 from .sampling import SamplingParams, sample
