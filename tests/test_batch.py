@@ -27,7 +27,7 @@ def same(a, b):
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
-@pytest.mark.parametrize("max_batch", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("max_batch", range(1, 9))
 def test_batch_equals_solo_with_joins_and_leaves(stories_models, dtype, max_batch):
     model = stories_models[dtype]
     expected = [solo(model, r) for r in STORIES_REQUESTS]
