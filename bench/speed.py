@@ -47,7 +47,11 @@ def main() -> None:
     print(f"model {a.model} dtype {a.dtype} threads {model.threads}")
     print(f"load {load_s:.2f} s, first forward (compile/cache load) {warm_s:.2f} s")
     print(f"prefill {a.prompt_tokens} tokens: {statistics.median(prefill):.1f} tok/s (median of {a.repeats})")
-    print(f"decode {a.new_tokens} tokens: {statistics.median(decode):.1f} tok/s (median of {a.repeats})")
+    dec = statistics.median(decode)
+    weights = tr.output.nbytes + sum(w.nbytes for layer in tr.layers
+                                     for w in (layer.wqkv, layer.wo, layer.w13, layer.w2))
+    print(f"decode {a.new_tokens} tokens: {dec:.1f} tok/s (median of {a.repeats}), "
+          f"{dec * weights / 1e9:.1f} GB/s of weights")
 
 
 if __name__ == "__main__":

@@ -201,15 +201,16 @@ class Model:
             self._log(g)
 
 
-def read_gguf_model(path: Path, progress=None):
-    """(GGUFFile, Config, Tokenizer, canonical float32 weights) of a GGUF llama model."""
+def read_gguf_model(path: Path, progress=None, keep_matrices: bool = False):
+    """(GGUFFile, Config, Tokenizer, canonical weights) of a GGUF llama model: float32 arrays, or with
+    `keep_matrices` the matrices as the file stores them (see `load_gguf_weights`)."""
     g = GGUFFile(path)
     cfg = config_from_gguf(g)
     tokenizer = Tokenizer.from_gguf_metadata(g.metadata, path)
     if tokenizer.vocab_size > cfg.vocab_size:
         raise ModelFormatError(path, "tokenizer.ggml.tokens",
                                f"{tokenizer.vocab_size} tokens but the model has a vocabulary of {cfg.vocab_size}")
-    return g, cfg, tokenizer, load_gguf_weights(g, cfg, progress)
+    return g, cfg, tokenizer, load_gguf_weights(g, cfg, progress, keep_matrices)
 
 
 def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: int | None = None,
@@ -217,8 +218,9 @@ def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: i
          log: str | os.PathLike | None = None) -> Model:
     """Load a model: a GGUF file, a Hugging Face directory (config.json + safetensors), or the name of
     a known model (`tinydet models`), pulled into the cache on first use; None means the default
-    model. `dtype` is "fp32" or "fp16" (weights and KV cache stored as binary16, arithmetic in
-    float32); `threads` defaults to the CPUs this process may use. `verify` re-hashes a known model's
+    model. `dtype` is "fp32", "fp16" (weights and KV cache stored as binary16, arithmetic in
+    float32) or "native" (each matrix kept as the file stores it, Q8_0/Q4_0/Q4_1 blocks dequantized
+    inside the kernels: fp32's bits from a quarter to an eighth of its memory); `threads` defaults to the CPUs this process may use. `verify` re-hashes a known model's
     file even when the cache says it was checked. `log` names a file that gets one JSON line per request
     (time, request id, version, model SHA-256, prompt/output/logits hashes, settings, timings)."""
     from .registry import DEFAULT_MODEL, resolve_model
@@ -232,7 +234,7 @@ def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: i
 
         cfg, weights, tokenizer, metadata = load_hf_dir(path, progress)
     else:
-        g, cfg, tokenizer, weights = read_gguf_model(path, progress)
+        g, cfg, tokenizer, weights = read_gguf_model(path, progress, keep_matrices=dtype == "native")
         metadata = g.metadata
     transformer = Transformer(cfg, weights, dtype)
     return Model(path, transformer, tokenizer, metadata, threads, log)

@@ -9,12 +9,21 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from . import qpack
 from .config import Config
 from .errors import ContextLengthError, TinydetError
-from .kernels import cpu
+from .gguf import GGML_TYPE_IDS
+from .kernels import cpu, native, qcpu
 from .kernels.mathfn import exp64, log64
+from .weights import RawTensor
 
-DTYPES = ("fp32", "fp16")
+# fp32: float32 weights; fp16: weights and KV cache as binary16; native: each matrix as the file
+# stores it (Q8_0/Q4_0/Q4_1 blocks, F16 or F32; other types dequantized), float32 everywhere else,
+# computing the bits of fp32.
+DTYPES = ("fp32", "fp16", "native")
+F32, F16 = GGML_TYPE_IDS["F32"], GGML_TYPE_IDS["F16"]
+# forward_layers' own matmuls; a replaced one (tests inject faults) routes through the kernels one by one
+_MATMULS = (cpu.matmul, qcpu.qmatmul)
 
 
 def storage(a: np.ndarray, dtype: str) -> np.ndarray:
@@ -22,23 +31,64 @@ def storage(a: np.ndarray, dtype: str) -> np.ndarray:
     return a if dtype == "fp32" else cpu.to_f16_bits(np.ascontiguousarray(a, np.float32))
 
 
+def _f32(a) -> np.ndarray:
+    return a.dequantize() if isinstance(a, RawTensor) else np.ascontiguousarray(a, np.float32)
+
+
+def _stack(arrays: list[np.ndarray]) -> np.ndarray:
+    """Equal-shaped arrays -> one 64-byte-aligned (n, ...) array (layout only)."""
+    out = cpu.aligned_empty((len(arrays),) + arrays[0].shape, arrays[0].dtype)
+    for i, a in enumerate(arrays):
+        out[i] = a
+    return out
+
+
 @dataclass
 class Layer:
+    """Matrices are float panels (P, K, 64), or `qpack.QPanels` in native mode."""
     attn_norm: np.ndarray  # (dim,) f32
-    wqkv: np.ndarray  # panels of [wq; wk; wv]: (ceil((q_dim + 2 kv_dim)/64), dim, 64)
-    wo: np.ndarray  # panels (ceil(dim/64), q_dim, 64)
+    wqkv: np.ndarray | qpack.QPanels  # [wq; wk; wv]: (ceil((q_dim + 2 kv_dim)/64), dim, 64)
+    wo: np.ndarray | qpack.QPanels  # (ceil(dim/64), q_dim, 64)
     ffn_norm: np.ndarray  # (dim,) f32
-    w13: np.ndarray  # panels of [w1; w3]: (ceil(2 ffn/64), dim, 64)
-    w2: np.ndarray  # panels (ceil(dim/64), ffn, 64)
+    w13: np.ndarray | qpack.QPanels  # [w1; w3]: (ceil(2 ffn/64), dim, 64)
+    w2: np.ndarray | qpack.QPanels  # (ceil(dim/64), ffn, 64)
+
+
+def _native_kind(per_layer: list[list]) -> tuple:
+    """One matrix kind in native storage, from its parts per layer (RawTensor or float32 arrays, to
+    be concatenated by rows). Returns (the stack for `native.forward_layers`, one matrix per layer):
+    quantized panels when every part has one Q8_0/Q4_0/Q4_1 type, fp16 panels when all are F16,
+    else float32 panels of the dequantized values."""
+    kinds = {p.ggml_type if isinstance(p, RawTensor) else F32 for parts in per_layer for p in parts}
+    kind = kinds.pop() if len(kinds) == 1 else None
+    if kind in qpack.NATIVE_TYPES:
+        k = per_layer[0][0].shape[1]
+        st = qpack.stack([qpack.pack_parts([(p.data, p.row_order, p.ggml_type) for p in parts], kind, k)
+                          for parts in per_layer])
+        mats = [qpack.QPanels(kind, st.n, st.k, st.qs[i], st.d[i], None if st.m is None else st.m[i])
+                for i in range(len(per_layer))]
+        return (st.qs, st.d, st.m), mats
+    if kind == F16:
+        def bits(p):
+            b = p.data.view("<u2").reshape(p.shape)
+            return b if p.row_order is None else b[p.row_order]
+        pack = lambda parts: cpu.pack_panels(np.concatenate([bits(p) for p in parts]).view(np.uint16))  # noqa: E731
+    else:
+        pack = lambda parts: cpu.pack_panels(np.concatenate([_f32(p) for p in parts]))  # noqa: E731
+    st = _stack([pack(parts) for parts in per_layer])
+    return st, list(st)
 
 
 class KVCache:
-    """Keys (after RoPE) and values for `n_slots` sequences, written by position:
-    (layer, slot, capacity, kv_dim) each. `lengths[slot]` counts the positions filled."""
+    """Keys (after RoPE) and values for `n_slots` sequences. Values by position, (layer, slot,
+    capacity, kv_dim); keys with 64 positions side by side, (layer, slot, kv_head, ceil(capacity/64),
+    head_dim, 64), for attention's vectorized dot products (`cpu.widen_rows` reads rows back).
+    `lengths[slot]` counts the positions filled."""
 
     def __init__(self, cfg: Config, capacity: int, dtype: str, n_slots: int = 1):
-        st = np.float32 if dtype == "fp32" else np.uint16
-        self.k = np.zeros((cfg.n_layers, n_slots, capacity, cfg.kv_dim), st)
+        st = np.uint16 if dtype == "fp16" else np.float32
+        tiles = -(-capacity // cpu.ATILE)
+        self.k = np.zeros((cfg.n_layers, n_slots, cfg.n_kv_heads, tiles, cfg.head_dim, cpu.ATILE), st)
         self.v = np.zeros((cfg.n_layers, n_slots, capacity, cfg.kv_dim), st)
         self.capacity = capacity
         self.lengths = np.zeros(n_slots, np.int64)
@@ -55,28 +105,24 @@ class KVCache:
 
 class Transformer:
     """Packed weights and the forward pass. Build with `Transformer(cfg, weights, dtype)` where
-    `weights` holds float32 arrays under the canonical names of `weights.py`."""
+    `weights` holds float32 arrays under the canonical names of `weights.py` (for native storage,
+    matrices may be `RawTensor`s)."""
 
-    def __init__(self, cfg: Config, weights: dict[str, np.ndarray], dtype: str = "fp32"):
+    def __init__(self, cfg: Config, weights: dict, dtype: str = "fp32"):
         if dtype not in DTYPES:
             raise TinydetError(f"dtype: expected one of {', '.join(DTYPES)}, found {dtype!r}")
         self.cfg, self.dtype = cfg, dtype
-        f32 = lambda a: np.ascontiguousarray(a, np.float32)  # noqa: E731
-        packed = lambda a: storage(cpu.pack_panels(f32(a)), dtype)  # noqa: E731
-        self.tok_embeddings = storage(f32(weights["tok_embeddings"]), dtype)  # (vocab, dim)
-        self.norm = f32(weights["norm"])  # (dim,)
-        self.output = packed(weights["output"])  # (ceil(vocab/64), dim, 64)
-        self.layers = []
-        for i in range(cfg.n_layers):
-            w = lambda n: weights[f"layers.{i}.{n}"]  # noqa: E731
-            self.layers.append(Layer(
-                attn_norm=f32(w("attention_norm")),
-                wqkv=packed(np.concatenate([w("wq"), w("wk"), w("wv")])),
-                wo=packed(w("wo")),
-                ffn_norm=f32(w("ffn_norm")),
-                w13=packed(np.concatenate([w("w1"), w("w3")])),
-                w2=packed(w("w2")),
-            ))
+        self.cache_dtype = "fp16" if dtype == "fp16" else "fp32"
+        # The forward pass in one call: native storage has its own (see kernels/native.py).
+        self._forward_layers = native.forward_layers if dtype == "native" else cpu.forward_layers
+        self.norm = _f32(weights["norm"])  # (dim,)
+        kinds = (("wqkv", ("wq", "wk", "wv")), ("wo", ("wo",)), ("w13", ("w1", "w3")), ("w2", ("w2",)))
+        if dtype == "native":
+            self._init_native(cfg, weights, kinds)
+        else:
+            self._init_float(cfg, weights, kinds, dtype)
+        self.layers = [Layer(attn_norm=self._stacks["attn_norm"][i], ffn_norm=self._stacks["ffn_norm"][i],
+                             **{name: mats[i] for name, mats in self._mats.items()}) for i in range(cfg.n_layers)]
         # theta_i = base**(-2i/hd), in float64 with tinydet's own exp/log: the same bits on every CPU.
         ln_base = log64(cfg.rope_base)
         self.inv_freq = np.array([exp64(-(2.0 * i / cfg.head_dim) * ln_base) for i in range(cfg.head_dim // 2)])
@@ -85,11 +131,80 @@ class Transformer:
         self.scale = np.float32(1.0 / math.sqrt(cfg.head_dim))
         self.eps = np.float32(cfg.rms_eps)
 
+    def _norms(self, cfg: Config, weights: dict) -> None:
+        self._stacks = {name: _stack([_f32(weights[f"layers.{i}.{name.replace('attn', 'attention')}"])
+                                      for i in range(cfg.n_layers)]) for name in ("attn_norm", "ffn_norm")}
+
+    def _init_float(self, cfg: Config, weights: dict, kinds, dtype: str) -> None:
+        packed = lambda a: storage(cpu.pack_panels(_f32(a)), dtype)  # noqa: E731
+        self.tok_embeddings = storage(_f32(weights["tok_embeddings"]), dtype)  # (vocab, dim)
+        self.output = _stack([packed(weights["output"])])[0]  # (ceil(vocab/64), dim, 64), aligned
+        self._norms(cfg, weights)
+        # Each matrix kind is stacked over layers (one array each, for `cpu.forward_layers`); the
+        # layers hold views into the stacks.
+        self._mats = {}
+        for name, parts in kinds:
+            per_layer = []
+            for i in range(cfg.n_layers):
+                ws = [_f32(weights[f"layers.{i}.{n}"]) for n in parts]
+                per_layer.append(packed(ws[0] if len(ws) == 1 else np.concatenate(ws)))
+            self._stacks[name] = _stack(per_layer)
+            del per_layer
+            self._mats[name] = list(self._stacks[name])
+
+    def _init_native(self, cfg: Config, weights: dict, kinds) -> None:
+        self._norms(cfg, weights)
+        self._mats = {}
+        for name, parts in kinds:
+            self._stacks[name], self._mats[name] = _native_kind(
+                [[weights[f"layers.{i}.{n}"] for n in parts] for i in range(cfg.n_layers)])
+        emb = weights["tok_embeddings"]
+        tied = weights["output"] is emb
+        if isinstance(emb, RawTensor) and emb.ggml_type in qpack.NATIVE_TYPES:
+            self.tok_embeddings = qpack.pack_parts([(emb.data, None, emb.ggml_type)], emb.ggml_type, cfg.dim)
+        elif isinstance(emb, RawTensor) and emb.ggml_type == F16:
+            self.tok_embeddings = np.array(emb.data.view("<u2").reshape(emb.shape), np.uint16)  # widened exactly
+        else:
+            self.tok_embeddings = _f32(emb)
+        if tied and isinstance(self.tok_embeddings, qpack.QPanels):
+            self.output = self.tok_embeddings  # one copy serves both
+        else:
+            self.output = _native_kind([[weights["output"]]])[1][0]
+
+    def matrices(self) -> dict[str, str]:
+        """How each matrix kind is stored: "f32", "f16" or a GGML quant type name."""
+        def kind(m):
+            if isinstance(m, qpack.QPanels):
+                return m.type_name
+            return "f16" if m.dtype == np.uint16 else "f32"
+        out = {name: kind(getattr(self.layers[0], name)) for name in ("wqkv", "wo", "w13", "w2")}
+        out["output"] = kind(self.output)
+        out["tok_embeddings"] = kind(self.tok_embeddings)
+        return out
+
+    def weight_bytes(self) -> int:
+        """Bytes of weights held in memory (each array once)."""
+        seen, total = set(), 0
+        for a in [self.tok_embeddings, self.output, self.norm, *self._stacks.values()]:
+            parts = [a] if isinstance(a, np.ndarray) else [x for x in (
+                (a.qs, a.d, a.m) if isinstance(a, qpack.QPanels) else a) if x is not None]
+            for x in parts:
+                if id(x) not in seen:
+                    seen.add(id(x))
+                    total += x.nbytes
+        return total
+
+    def _matmul(self, x, w, n_out, out) -> None:
+        if isinstance(w, qpack.QPanels):
+            qcpu.qmatmul(x, w, n_out, out)
+        else:
+            cpu.matmul(x, w, n_out, out)
+
     def new_cache(self, capacity: int, n_slots: int = 1) -> KVCache:
         if capacity > self.cfg.context_length:
             raise ContextLengthError(
                 f"{capacity} positions requested but the model's context length is {self.cfg.context_length}")
-        return KVCache(self.cfg, capacity, self.dtype, n_slots)
+        return KVCache(self.cfg, capacity, self.cache_dtype, n_slots)
 
     def _rope(self, n_pos: int):
         # Entries depend only on their own position, so growing the table never changes old rows.
@@ -130,10 +245,13 @@ class Transformer:
             ids_l.append(toks)
             pos_l.append(np.arange(start, start + toks.shape[0], dtype=np.int64))
             slot_l.append(np.full(toks.shape[0], slot, np.int64))
-            ends.append(sum(a.shape[0] for a in ids_l))
-        ids = np.concatenate(ids_l)
-        pos = np.concatenate(pos_l)
-        slots = np.concatenate(slot_l)
+            ends.append((ends[-1] if ends else 0) + toks.shape[0])
+        if len(items) == 1:
+            ids, pos, slots = ids_l[0], pos_l[0], slot_l[0]
+        else:
+            ids = np.concatenate(ids_l)
+            pos = np.concatenate(pos_l)
+            slots = np.concatenate(slot_l)
         if ids.min() < 0 or ids.max() >= cfg.vocab_size:
             raise TinydetError(f"token ids must lie in [0, {cfg.vocab_size}), found {int(ids.min())}..{int(ids.max())}")
         if threads is not None:
@@ -141,10 +259,45 @@ class Transformer:
         T = ids.shape[0]
         cos, sin = self._rope(int(pos.max()) + 1)
         x = np.empty((T, cfg.dim), np.float32)  # residual stream
-        cpu.embed(self.tok_embeddings, ids, x)
+        if isinstance(self.tok_embeddings, qpack.QPanels):
+            qcpu.embed(self.tok_embeddings, ids, x)
+        else:
+            cpu.embed(self.tok_embeddings, ids, x)
         rec = tracer.record if tracer is not None else None
         if rec:
             rec(None, "embedding", pos, slots, x)
+        if rec is None and (cpu.matmul, qcpu.qmatmul) == _MATMULS:
+            # Every layer in one call: the same kernels' building blocks in the same order, so the
+            # same bits as the calls below.
+            st = self._stacks
+            self._forward_layers(x, st["attn_norm"], st["wqkv"], st["wo"], st["ffn_norm"], st["w13"], st["w2"],
+                               cache.k, cache.v, pos, slots, cos, sin, cfg.n_heads, cfg.n_kv_heads,
+                               cfg.head_dim, cfg.ffn_dim, self.eps, self.scale, numba.get_num_threads())
+        else:
+            self._layers_by_op(x, cache, pos, slots, cos, sin, rec)
+        for (slot, _), a in zip(items, ids_l):
+            cache.lengths[slot] += a.shape[0]
+        starts = [0] + ends[:-1]
+        if all_logits:
+            rows = np.arange(T)
+        else:
+            rows = np.array([e - 1 for e in ends])
+        hn = np.empty((rows.shape[0], cfg.dim), np.float32)
+        cpu.rmsnorm(np.ascontiguousarray(x[rows]), self.norm, self.eps, hn)
+        logits = np.empty((rows.shape[0], cfg.vocab_size), np.float32)
+        self._matmul(hn, self.output, cfg.vocab_size, logits)
+        if rec:
+            rec(None, "final_norm", pos[rows], slots[rows], hn)
+            rec(None, "logits", pos[rows], slots[rows], logits)
+        if all_logits:
+            return [logits[a:b] for a, b in zip(starts, ends)]
+        return [logits[i:i + 1] for i in range(len(items))]
+
+    def _layers_by_op(self, x, cache: KVCache, pos, slots, cos, sin, rec) -> None:
+        """The layers one kernel call at a time, the tracer recording between them (and a kernel
+        replaced at run time, as tests inject faults, is honoured)."""
+        cfg = self.cfg
+        T = x.shape[0]
         h = np.empty_like(x)
         qkv = np.empty((T, cfg.q_dim + 2 * cfg.kv_dim), np.float32)
         q = np.empty((T, cfg.q_dim), np.float32)
@@ -156,7 +309,7 @@ class Transformer:
         for li, layer in enumerate(self.layers):
             kc, vc = cache.k[li], cache.v[li]
             cpu.rmsnorm(x, layer.attn_norm, self.eps, h)
-            cpu.matmul(h, layer.wqkv, qkv.shape[1], qkv)
+            self._matmul(h, layer.wqkv, qkv.shape[1], qkv)
             cpu.rope_store(qkv, qd, kvd, cfg.head_dim, cos, sin, pos, slots, kc, vc, q)
             if rec:
                 rec(li, "attn_norm", pos, slots, h)
@@ -166,13 +319,13 @@ class Transformer:
                 rec(li, "rope_q", pos, slots, q)
                 rec(li, "rope_k", pos, slots, cpu.widen_rows(kc, slots, pos))
             cpu.attention(q, kc, vc, pos, slots, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, self.scale, att)
-            cpu.matmul(att, layer.wo, cfg.dim, proj)
+            self._matmul(att, layer.wo, cfg.dim, proj)
             if rec:
                 rec(li, "attention", pos, slots, att)
                 rec(li, "attn_output", pos, slots, proj)
             cpu.add_inplace(x, proj)
             cpu.rmsnorm(x, layer.ffn_norm, self.eps, h)
-            cpu.matmul(h, layer.w13, 2 * fd, gu)
+            self._matmul(h, layer.w13, 2 * fd, gu)
             cpu.swiglu(gu, fd, act)
             if rec:
                 rec(li, "attn_residual", pos, slots, x)
@@ -180,25 +333,8 @@ class Transformer:
                 rec(li, "gate", pos, slots, gu[:, :fd])
                 rec(li, "up", pos, slots, gu[:, fd:])
                 rec(li, "activation", pos, slots, act)
-            cpu.matmul(act, layer.w2, cfg.dim, proj)
+            self._matmul(act, layer.w2, cfg.dim, proj)
             cpu.add_inplace(x, proj)
             if rec:
                 rec(li, "down", pos, slots, proj)
                 rec(li, "ffn_residual", pos, slots, x)
-        for (slot, _), a in zip(items, ids_l):
-            cache.lengths[slot] += a.shape[0]
-        starts = [0] + ends[:-1]
-        if all_logits:
-            rows = np.arange(T)
-        else:
-            rows = np.array([e - 1 for e in ends])
-        hn = np.empty((rows.shape[0], cfg.dim), np.float32)
-        cpu.rmsnorm(np.ascontiguousarray(x[rows]), self.norm, self.eps, hn)
-        logits = np.empty((rows.shape[0], cfg.vocab_size), np.float32)
-        cpu.matmul(hn, self.output, cfg.vocab_size, logits)
-        if rec:
-            rec(None, "final_norm", pos[rows], slots[rows], hn)
-            rec(None, "logits", pos[rows], slots[rows], logits)
-        if all_logits:
-            return [logits[a:b] for a, b in zip(starts, ends)]
-        return [logits[i:i + 1] for i in range(len(items))]

@@ -9,12 +9,15 @@ Model code never sees a GGUF or HF name.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import numpy as np
 
 from .config import Config
 from .errors import ModelFormatError
+from .gguf import GGML_TYPE_IDS
+from .qpack import rope_row_order
 from .quants import dequantize
 
 GGUF_NAMES = {
@@ -75,8 +78,25 @@ def canonical_names(cfg: Config) -> Iterator[tuple[str, str]]:
             yield key, key
 
 
-def load_gguf_weights(gguf, cfg: Config, progress: Callable[[int, int, str], None] | None = None) -> dict[str, np.ndarray]:
-    """Dequantize every tensor of a GGUF llama model to float32 under its canonical name.
+@dataclass(frozen=True)
+class RawTensor:
+    """A matrix as the file stores it (GGML type and bytes), kept for native storage. `row_order`,
+    when set, is the row permutation `unpermute_rope_rows` would apply (out[i] = row order[i])."""
+
+    data: np.ndarray  # uint8, the tensor's bytes (a read-only view of the file)
+    ggml_type: int
+    shape: tuple[int, int]
+    row_order: np.ndarray | None = None
+
+    def dequantize(self) -> np.ndarray:
+        w = dequantize(self.data, self.ggml_type, self.shape)
+        return w if self.row_order is None else np.ascontiguousarray(w[self.row_order])
+
+
+def load_gguf_weights(gguf, cfg: Config, progress: Callable[[int, int, str], None] | None = None,
+                      keep_matrices: bool = False) -> dict[str, np.ndarray | RawTensor]:
+    """Dequantize every tensor of a GGUF llama model to float32 under its canonical name; with
+    `keep_matrices`, the 2-D tensors that are not F32 stay as the file stores them (`RawTensor`).
 
     The output matrix is tied to the token embedding only when `output.weight` is absent."""
     shapes = expected_shapes(cfg)
@@ -94,6 +114,14 @@ def load_gguf_weights(gguf, cfg: Config, progress: Callable[[int, int, str], Non
         if info.shape != shapes[name]:
             raise ModelFormatError(gguf.path, gname,
                                    f"expected shape {shapes[name]} from the metadata, found {info.shape}")
+        if keep_matrices and len(info.shape) == 2 and info.ggml_type != GGML_TYPE_IDS["F32"]:
+            order = None
+            if name.endswith(".wq"):
+                order = rope_row_order(cfg.q_dim, cfg.n_heads)
+            elif name.endswith(".wk"):
+                order = rope_row_order(cfg.kv_dim, cfg.n_kv_heads)
+            out[name] = RawTensor(gguf.tensor_bytes(gname), info.ggml_type, info.shape, order)
+            continue
         w = dequantize(gguf.tensor_bytes(gname), info.ggml_type, info.shape)
         if name.endswith(".wq"):
             w = unpermute_rope_rows(w, cfg.n_heads)

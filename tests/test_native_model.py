@@ -1,0 +1,172 @@
+"""dtype="native": each matrix kept as the file stores it (Q8_0/Q4_0/Q4_1 blocks dequantized inside
+the kernels, F16 widened exactly, other types dequantized at load) must give fp32's bits: the same
+logits, token by token and prompt at once, at any thread count, traced or not."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import ggufgen as G
+import tinydet
+from tinydet.cli import main
+from tinydet.gguf import GGML_TYPE_IDS
+from tinydet.trace import run_trace
+
+gguf = pytest.importorskip("gguf", reason="the gguf package (test extra) quantizes the test models")
+
+PROMPT = "Once upon a time, there was a little girl named Lily. She loved to play"
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, np.float32).view(np.uint32)
+
+
+def assert_same_logits(native, fp32, ids, chunk=None):
+    """Logits of every position, whole prompt or in chunks, bit for bit."""
+    a = native.logits(ids)
+    b = fp32.logits(ids)
+    assert np.array_equal(bits(a), bits(b)), f"max |native - fp32| = {np.abs(a - b).max()}"
+    if chunk:
+        tr = native.transformer
+        cache = tr.new_cache(len(ids))
+        rows = [tr.forward(ids[i:i + chunk], cache, all_logits=True, threads=native.threads)
+                for i in range(0, len(ids), chunk)]
+        assert np.array_equal(bits(np.concatenate(rows)), bits(b))
+
+
+def requantized(tmp_path, stories_path, plan, name="q.gguf"):
+    """stories260K with its matrices stored as plan(tensor name) says: a ggml type name, or None to
+    keep F32. Rows whose length is not a multiple of 32 (ffn_down: 172) stay F32, as in llama.cpp."""
+    def edit(tensors):
+        out = []
+        for tname, shape, tid, raw in tensors:
+            want = plan(tname)
+            if want is None or len(shape) != 2 or shape[-1] % 32:
+                out.append((tname, shape, tid, raw))
+                continue
+            w = np.frombuffer(raw, np.float32).reshape(shape)
+            if want == "F16":
+                data = w.astype(np.float16).tobytes()
+            else:
+                data = gguf.quants.quantize(w, gguf.GGMLQuantizationType[want]).tobytes()
+            out.append((tname, shape, GGML_TYPE_IDS[want], data))
+        return out
+
+    p = tmp_path / name
+    p.write_bytes(G.rewrite(stories_path, tensor_edits=edit))
+    return p
+
+
+def layer_of(tname: str) -> int | None:
+    return int(tname.split(".")[1]) if tname.startswith("blk.") else None
+
+
+PLANS = {
+    "Q8_0": lambda t: "Q8_0",
+    "Q4_0": lambda t: "Q4_0",
+    "Q4_1": lambda t: "Q4_1",
+    "F16": lambda t: "F16",
+    # a real file's mix: quantized layers, Q8_0 token table, F16 output
+    "Q4_1 + Q8_0 table + F16 output": lambda t: {"token_embd.weight": "Q8_0", "output.weight": "F16"}.get(t, "Q4_1"),
+    # types that differ between layers (or between wq/wk/wv) are dequantized for that matrix kind
+    "mixed per layer": lambda t: ("Q4_0" if layer_of(t) % 2 else "Q8_0") if layer_of(t) is not None else None,
+    "mixed within qkv": lambda t: "Q8_0" if "attn_k" in t else ("Q4_1" if layer_of(t) is not None else None),
+    # a type without a native kernel (K-quants need 256-long rows, so Q5_0 stands in)
+    "Q5_0": lambda t: "Q5_0",
+}
+
+
+@pytest.mark.parametrize("plan", list(PLANS))
+def test_native_equals_fp32_on_requantized_stories(tmp_path, stories_path, plan):
+    path = requantized(tmp_path, stories_path, PLANS[plan])
+    fp32 = tinydet.load(path, dtype="fp32", threads=2)
+    native = tinydet.load(path, dtype="native", threads=2)
+    ids = native.tokenize(PROMPT)
+    assert_same_logits(native, fp32, ids, chunk=5)
+    stored = native.transformer.matrices()
+    if plan in ("Q8_0", "Q4_0", "Q4_1"):
+        assert stored["wqkv"] == stored["wo"] == stored["w13"] == plan
+        assert stored["w2"] == "f32"  # 172-long rows stay F32 in the file
+    if plan == "F16":
+        assert set(stored.values()) <= {"f16", "f32"} and stored["wqkv"] == "f16"
+    if plan.startswith("Q4_1 +"):
+        assert (stored["tok_embeddings"], stored["output"], stored["wqkv"]) == ("Q8_0", "f16", "Q4_1")
+    if plan.startswith("mixed"):
+        assert stored["wqkv"] == "f32"
+    if plan == "Q5_0":
+        assert set(stored.values()) == {"f32"}
+    for threads in (1, 3):
+        native.threads = threads
+        g = native.generate(PROMPT, max_tokens=12)
+        want = fp32.generate(PROMPT, max_tokens=12)
+        assert (g.output_hash, g.logits_hash) == (want.output_hash, want.logits_hash)
+
+
+def test_native_trace_equals_fp32_trace(tmp_path, stories_path):
+    """The traced path (one kernel call at a time) records the same bits op by op."""
+    path = requantized(tmp_path, stories_path, PLANS["Q4_1 + Q8_0 table + F16 output"])
+    models = [tinydet.load(path, dtype=d, threads=2) for d in ("native", "fp32")]
+    ids = models[0].tokenize(PROMPT)
+    traces = [run_trace(m, ids, chunk=4, keep_values=False) for m in models]
+    key = lambda r: (r["layer"], r["op"], r["pos"], r["slot"], r["sha256"])  # noqa: E731
+    a, b = ([key(r) for r in t.records] for t in traces)
+    assert len(a) > 100 and a == b
+
+
+def test_native_smollm_bit_identical_and_smaller(smollm_models):
+    native, fp32 = smollm_models("native"), smollm_models("fp32")
+    stored = native.transformer.matrices()
+    assert stored == {"wqkv": "Q4_1", "wo": "Q4_1", "w13": "Q4_1", "w2": "Q4_1", "output": "Q8_0",
+                      "tok_embeddings": "Q8_0"}
+    # one Q8_0 table serves the embedding and the tied output
+    assert native.transformer.output is native.transformer.tok_embeddings
+    assert native.transformer.weight_bytes() < 0.16 * fp32.transformer.weight_bytes()
+    ids = native.chat_prompt([{"role": "user", "content": "What is the capital of France?"}])
+    assert_same_logits(native, fp32, ids, chunk=7)
+    g, want = native.generate(ids, max_tokens=24), fp32.generate(ids, max_tokens=24)
+    assert (g.output_hash, g.logits_hash) == (want.output_hash, want.logits_hash)
+    batch = native.generate_batch([{"prompt": ids, "max_tokens": 24}, {"prompt": "Hi", "max_tokens": 5}])
+    assert batch[0].logits_hash == want.logits_hash
+
+
+def test_native_cli(stories_path):
+    r = CliRunner().invoke(main, ["generate", "--model", str(stories_path), "--dtype", "native", "--max-tokens", "8",
+                                  "--json", "Once upon a time"])
+    assert r.exit_code == 0, r.output
+    want = CliRunner().invoke(main, ["generate", "--model", str(stories_path), "--max-tokens", "8", "--json",
+                                     "Once upon a time"])
+    a, b = (__import__("json").loads(x.output.strip().splitlines()[-1]) for x in (r, want))
+    assert (a["output_hash"], a["logits_hash"]) == (b["output_hash"], b["logits_hash"])
+
+
+def test_native_hf_directory(tmp_path, stories_path):
+    """A Hugging Face directory has nothing quantized: native stores its matrices as float32."""
+    from tinydet.convert import convert_gguf_to_hf
+
+    out = convert_gguf_to_hf(stories_path, tmp_path / "hf")
+    native = tinydet.load(out, dtype="native", threads=2)
+    fp32 = tinydet.load(out, dtype="fp32", threads=2)
+    assert set(native.transformer.matrices().values()) == {"f32"}
+    assert_same_logits(native, fp32, native.tokenize(PROMPT))
+
+
+def test_verify_holds_native_to_fp32(tmp_path, stories_path, monkeypatch):
+    """`tinydet verify` compares native cells with fp32's baseline: a native kernel that is off by
+    an ulp fails every native cell."""
+    from tinydet.kernels import qcpu
+    from tinydet.verify import run_matrix
+
+    path = requantized(tmp_path, stories_path, PLANS["Q4_1"])
+    original = qcpu.qmatmul
+
+    def off_by_an_ulp(x, qp, n_out, out, res=None):
+        original(x, qp, n_out, out, res)
+        out[:, :n_out] = np.nextafter(out[:, :n_out], np.float32(np.inf))
+
+    monkeypatch.setattr(qcpu, "qmatmul", off_by_an_ulp)
+    cells = run_matrix(lambda d, t: tinydet.load(path, dtype=d, threads=t), path, [1, 403, 407], 3,
+                       dtypes=("fp32", "native"), subprocesses=False)
+    assert all(c.ok for c in cells if c.dtype == "fp32")
+    assert not any(c.ok for c in cells if c.dtype == "native")

@@ -1,0 +1,88 @@
+"""The forward pass over matrices kept as the file stores them (`dtype="native"`).
+
+Each matrix kind (wqkv, wo, w13, w2), stacked over layers, is either a tuple `(qs, d, m)` of quantized
+panels (`qpack.stack`: Q8_0, Q4_0 or Q4_1, dequantized inside `qcpu`'s kernels) or float panels
+(L, P, K, 64) of float32 or fp16 bits (`cpu`'s kernels). Both compute each output exactly as
+`cpu.matmul` does over the float32 matrix, so this pass gives the bits of `cpu.forward_layers` at fp32:
+the other operations are the same kernels, called in the same order, with activations and the KV
+cache in float32. Which kernel runs is chosen when numba compiles, by the argument types.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+from numba.extending import overload
+
+from . import qcpu
+from .cpu import LANES, MM_PLAIN, MM_RESIDUAL, MM_SWIGLU, _attention_par, _mm, rmsnorm, rope_store, swiglu
+
+
+def mm_layer(x, w, li, n_out, out, res, nth):
+    """out = x W[li]^T, then res += out when res is an array (None: nothing more)."""
+    raise NotImplementedError("mm_layer is for jitted code")
+
+
+@overload(mm_layer)
+def _mm_layer(x, w, li, n_out, out, res, nth):
+    if isinstance(w, types.BaseTuple):
+        return lambda x, w, li, n_out, out, res, nth: qcpu.q_mm_layer(x, w[0], w[1], w[2], li, n_out, out, res,
+                                                                      nth)
+    if isinstance(w, types.Array):
+        if isinstance(res, types.NoneType):
+            return lambda x, w, li, n_out, out, res, nth: _mm(x, w[li], n_out, out, nth, np.int64(MM_PLAIN), out,
+                                                              out)
+        return lambda x, w, li, n_out, out, res, nth: _mm(x, w[li], n_out, out, nth, np.int64(MM_RESIDUAL), res,
+                                                          res)
+    return None
+
+
+def mm_swiglu_layer(x, w, li, ffn_dim, gu, act, nth):
+    """gu = x W[li]^T ([gate | up]), act = silu(gate) * up."""
+    raise NotImplementedError("mm_swiglu_layer is for jitted code")
+
+
+@overload(mm_swiglu_layer)
+def _mm_swiglu_layer(x, w, li, ffn_dim, gu, act, nth):
+    if isinstance(w, types.Array):
+        def impl(x, w, li, ffn_dim, gu, act, nth):
+            if ffn_dim % LANES == 0:  # the fused form: the same operations per output
+                _mm(x, w[li], 2 * ffn_dim, gu, nth, np.int64(MM_SWIGLU), gu, act)
+            else:
+                _mm(x, w[li], 2 * ffn_dim, gu, nth, np.int64(MM_PLAIN), gu, gu)
+                swiglu(gu, ffn_dim, act)
+        return impl
+
+    def impl_q(x, w, li, ffn_dim, gu, act, nth):
+        qcpu.q_mm_layer(x, w[0], w[1], w[2], li, 2 * ffn_dim, gu, None, nth)
+        swiglu(gu, ffn_dim, act)
+    return impl_q
+
+
+@njit(cache=True)
+def forward_layers(x, attn_norm, wqkv, wo, ffn_norm, w13, w2, k_cache, v_cache, pos, slot, cos, sin,
+                   n_heads, n_kv_heads, head_dim, ffn_dim, eps, scale, nth):
+    """`cpu.forward_layers` with each matrix kind either quantized panels or float panels (see the
+    module docstring); caches float32."""
+    T, dim = x.shape
+    q_dim = n_heads * head_dim
+    kv_dim = n_kv_heads * head_dim
+    n_qkv = q_dim + 2 * kv_dim
+    h = np.empty((T, dim), np.float32)
+    qkv = np.empty((T, n_qkv), np.float32)
+    q = np.empty((T, q_dim), np.float32)
+    att = np.empty((T, q_dim), np.float32)
+    proj = np.empty((T, dim), np.float32)
+    gu = np.empty((T, 2 * ffn_dim), np.float32)
+    act = np.empty((T, ffn_dim), np.float32)
+    for li in range(attn_norm.shape[0]):
+        kc = k_cache[li]
+        vc = v_cache[li]
+        rmsnorm(x, attn_norm[li], eps, h)
+        mm_layer(h, wqkv, li, n_qkv, qkv, None, nth)
+        rope_store(qkv, q_dim, kv_dim, head_dim, cos, sin, pos, slot, kc, vc, q)
+        _attention_par(q, kc, vc, pos, slot, n_heads, n_kv_heads, head_dim, scale, att)
+        mm_layer(att, wo, li, dim, proj, x, nth)
+        rmsnorm(x, ffn_norm[li], eps, h)
+        mm_swiglu_layer(h, w13, li, ffn_dim, gu, act, nth)
+        mm_layer(act, w2, li, dim, proj, x, nth)
