@@ -51,7 +51,9 @@ def model_options(fn):
         click.option("--model", "model_name", default=None,
                      help="A GGUF file, a Hugging Face directory or a known model name (`tinydet models`). "
                           "Default: smollm2-135m-instruct, pulled on first use."),
-        click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True),
+        click.option("--dtype", type=click.Choice(["fp32", "fp16", "native"]), default="fp32", show_default=True,
+                     help="fp32; fp16 (weights and KV cache as binary16); native (matrices kept as the file stores "
+                          "them, Q8_0/Q4_0/Q4_1 dequantized in the kernels: the bits of fp32)."),
         click.option("--threads", type=click.IntRange(min=1), default=None, help="Default: the CPUs available."),
         click.option("--verify", is_flag=True, help="Re-hash a known model's file before use."),
         click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None,
@@ -232,8 +234,8 @@ def info(model_name, verify):
 @click.option("--model", "model_name", default=None, help="Model (default: smollm2-135m-instruct).")
 @click.option("--prompt", default="Once upon a time", show_default=True)
 @click.option("--new-tokens", type=click.IntRange(min=1), default=16, show_default=True)
-@click.option("--dtype", "dtypes", multiple=True, type=click.Choice(["fp32", "fp16"]),
-              help="Default: both.")
+@click.option("--dtype", "dtypes", multiple=True, type=click.Choice(["fp32", "fp16", "native"]),
+              help="Default: all three (native must give fp32's hashes).")
 @click.option("--no-subprocess", is_flag=True, help="Skip the generic-CPU and reduced-NumPy-dispatch runs.")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--worker", default=None, hidden=True)
@@ -253,7 +255,7 @@ def verify(model_name, prompt, new_tokens, dtypes, no_subprocess, as_json, worke
     ids = first.prompt_ids(prompt)
     show = (lambda s: click.echo(f"\r{s[:70]:<70}", err=True, nl=False)) if sys.stderr.isatty() else None
     cells = run_matrix(lambda d, t: first if d == "fp32" else load(name, dtype=d, threads=t), name, ids, new_tokens,
-                       dtypes or ("fp32", "fp16"), not no_subprocess, show)
+                       dtypes or ("fp32", "fp16", "native"), not no_subprocess, show)
     if show:
         click.echo("", err=True)
     ok = all(c.ok for c in cells)
@@ -271,7 +273,7 @@ def verify(model_name, prompt, new_tokens, dtypes, no_subprocess, as_json, worke
 @click.option("--model", "model_name", default=None, help="Model (default: smollm2-135m-instruct).")
 @click.option("--prompt", required=True)
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False))
-@click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True)
+@click.option("--dtype", type=click.Choice(["fp32", "fp16", "native"]), default="fp32", show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=None)
 @click.option("--chunk", type=click.IntRange(min=1), default=None, help="Prefill in chunks of N tokens.")
 @click.option("--no-values", is_flag=True, help="Record hashes and statistics only, not the rows.")
@@ -309,11 +311,12 @@ def diff(a, b, as_json):
               help="Run the default cases and write their hashes here.")
 @click.option("--overwrite", is_flag=True, help="With --write: replace an existing golden file.")
 @click.option("--threads", type=click.IntRange(min=1), default=None)
+@click.option("--no-native", is_flag=True, help="With --check: skip re-running the fp32 cases with --dtype native.")
 @cli_errors
-def golden(model_name, check_path, write_path, overwrite, threads):
+def golden(model_name, check_path, write_path, overwrite, threads, no_native):
     """Check or (re)generate golden hashes for a model."""
     from .api import load
-    from .golden import check_golden, default_cases, read_golden, run_cases, write_golden
+    from .golden import check_golden, default_cases, n_checked, read_golden, run_cases, write_golden
     from .registry import resolve_model
 
     if (check_path is None) == (write_path is None):
@@ -328,15 +331,40 @@ def golden(model_name, check_path, write_path, overwrite, threads):
 
     sha = get("fp32").sha256
     if check_path:
-        bad = check_golden(get, read_golden(check_path), sha)
+        data = read_golden(check_path)
+        bad = check_golden(get, data, sha, native=not no_native)
         for line in bad:
             click.echo(line)
-        n = len(read_golden(check_path)["cases"])
-        click.echo(f"{'FAILED' if bad else 'PASSED'}: {n - len(bad) if bad else n} of {n} golden cases match")
+        n_cases = len(data["cases"])
+        runs = f"{n_cases} golden cases" + ("" if no_native else
+                                            f" and {n_checked(data) - n_cases} fp32 ones again with --dtype native")
+        click.echo(f"FAILED: {len(bad)} hashes differ ({runs})" if bad else f"PASSED: every hash matches ({runs})")
         sys.exit(1 if bad else 0)
     results = run_cases(get, default_cases(path.name))
     write_golden(write_path, path.name, sha, results, overwrite)
     click.echo(f"wrote {len(results)} cases to {write_path}")
+
+
+@main.command()
+@click.argument("model_name", required=False)
+@click.option("--dtype", type=click.Choice(["fp32", "fp16", "native"]), default="fp32", show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="Default: the CPUs available.")
+@click.option("--prompt-tokens", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@cli_errors
+def bench(model_name, dtype, threads, prompt_tokens, new_tokens, repeats, as_json):
+    """Prefill and decode speed, first-token latency and peak memory of MODEL on this machine
+    (default: the default model)."""
+    from .bench import bench as run_bench
+    from .bench import format_report
+
+    t0 = time.perf_counter()
+    model = _load(model_name, dtype, threads, False)
+    load_s = time.perf_counter() - t0
+    r = run_bench(model, prompt_tokens, new_tokens, repeats, load_seconds=load_s)
+    click.echo(json.dumps(r) if as_json else format_report(r))
 
 
 @main.command()

@@ -75,15 +75,24 @@ def write_golden(path, model_name: str, model_sha256: str, results: list[dict], 
     tmp.replace(path)
 
 
-def check_golden(load, data: dict, model_sha256: str) -> list[str]:
-    """Mismatches as readable lines (empty when every hash matches)."""
+def check_golden(load, data: dict, model_sha256: str, native: bool = True) -> list[str]:
+    """Mismatches as readable lines (empty when every hash matches). With `native`, every fp32 case
+    runs again with dtype "native", which must give fp32's hashes."""
     if data["model_sha256"] != model_sha256:
         return [f"model file SHA-256 is {model_sha256}, the golden file is for {data['model_sha256']}"]
-    got = run_cases(load, [{k: c[k] for k in SETTINGS if k in c} for c in data["cases"]])
+    wants = list(data["cases"])
+    if native:
+        wants += [{**c, "dtype": "native"} for c in data["cases"] if c.get("dtype") == "fp32"]
+    got = run_cases(load, [{k: c[k] for k in SETTINGS if k in c} for c in wants])
     bad = []
-    for want, have in zip(data["cases"], got):
+    for want, have in zip(wants, got):
         for h in ("output_hash", "logits_hash"):
             if want[h] != have[h]:
                 req = {k: want[k] for k in SETTINGS if k in want}
                 bad.append(f"{req}: {h} {have[h][:16]} != golden {want[h][:16]}")
     return bad
+
+
+def n_checked(data: dict, native: bool = True) -> int:
+    """How many runs check_golden makes for `data`."""
+    return len(data["cases"]) + (sum(c.get("dtype") == "fp32" for c in data["cases"]) if native else 0)
