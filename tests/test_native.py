@@ -407,3 +407,20 @@ def test_smollm_every_matrix_bit_identical(smollm_path, restore_threads):
     rows = np.empty((ids.size, dim), np.float32)
     qcpu.embed(qp, ids, rows)
     assert_same_bits(rows, table[ids], "embedding")
+
+
+def test_signaling_nan_scales_are_stored_widened():
+    """F16C quiets signaling NaNs and the integer widening does not: a matrix with one stores
+    NumPy's float32 scales, and the product still equals fp32's."""
+    n, k = 40, 64
+    raw = random_blocks("Q8_0", n, k, seed=7)
+    blocks = raw.reshape(n, k // 32, 34)
+    blocks[3, 1, 0:2] = np.array([0x7C01], "<u2").view(np.uint8)  # a signaling NaN scale
+    qp = qpack.pack_quantized(raw, qpack.Q8_0, k)
+    assert qp.d.dtype == np.float32
+    w = dequantize(raw, qpack.Q8_0, (n, k))
+    x = np.random.default_rng(4).standard_normal((3, k)).astype(np.float32)
+    for T in (1, 3):
+        assert_same_bits(native_product(x[:T], qp), fp32_product(x[:T], w))
+    clean = qpack.pack_quantized(random_blocks("Q8_0", n, k, seed=7), qpack.Q8_0, k)
+    assert clean.d.dtype == np.uint16

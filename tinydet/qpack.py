@@ -18,10 +18,11 @@ consecutive elements, so that one shift (and a mask or a table lookup) gives L l
 k: decode is compute-bound, and this costs fewer instructions than unpacking bytes (about 8% faster).
 
 Rows past N (the last panel's padding) are zero bytes: weight 0, computed and never stored. The kernels
-widen fp16 scales by an exact integer conversion; `quants.dequantize` uses NumPy's float16 -> float32
-cast. The two agree on every non-NaN value (and, measured here, on NaNs too), but a NaN's quiet bit or
-payload could in principle differ, so the packer widens every scale both ways and, if any bit pattern
-differs, stores NumPy's float32 scales instead (the kernels accept either dtype).
+widen fp16 scales exactly (F16C where the compile target has it, else an integer conversion);
+`quants.dequantize` uses NumPy's float16 -> float32 cast. They agree on every value but signaling NaNs
+(F16C quiets them), and a NaN's payload could in principle differ, so the packer stores NumPy's
+float32 scales instead (the kernels accept either dtype) when any scale is a signaling NaN or its
+integer widening differs from NumPy's.
 
 Rows move whole, so Q/K un-permutation and concatenation ([wq; wk; wv], [w1; w3]) happen on the raw
 block rows: `pack_parts([(raw_q, rope_row_order(q_dim, n_heads)), (raw_k, rope_row_order(kv_dim,
@@ -120,7 +121,10 @@ def _scales(cols: np.ndarray, n_pad: int, P: int, nb: int) -> np.ndarray:
     bits[:cols.shape[0]] = np.ascontiguousarray(cols).view("<u2").reshape(cols.shape[0], nb)
     bits = np.ascontiguousarray(bits.reshape(P, PANEL, nb).transpose(0, 2, 1))
     want = bits.view(np.float16).astype(np.float32)  # quants._f16's widening
-    if np.array_equal(_widen_bits(bits), want.view(np.uint32)):
+    # Signaling NaNs are the one input on which the kernels' widenings (integer, or F16C, which
+    # quiets them) may differ from each other and from NumPy's.
+    snan = ((bits & 0x7C00) == 0x7C00) & ((bits & 0x03FF) != 0) & ((bits & 0x0200) == 0)
+    if not snan.any() and np.array_equal(_widen_bits(bits), want.view(np.uint32)):
         return bits
     return want
 

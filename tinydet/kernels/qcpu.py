@@ -154,10 +154,20 @@ v_zero, v_splat, v_add, v_sub, v_mul, v_load, v_store = _vector_ops(_F32V)
 w_zero, w_splat, w_add, w_sub, w_mul, w_load, w_store = _vector_ops(_F32W)
 
 
-def _widen_half(builder, h16):
-    """<LANES x i16> fp16 bits -> <LANES x float>, exactly: the integer widening of cpu.f16_to_f32
-    (exponent and mantissa shifted into place are the value times 2**-112, restored by one exact
-    multiply; inf/NaN get the all-ones exponent; the sign is or-ed back). Portable to any target."""
+def _target_has_f16c(context) -> bool:
+    feats = getattr(context.codegen(), "_tm_features", "") or ""
+    return "+f16c" in feats.split(",")
+
+
+def _widen_half(builder, h16, context=None):
+    """<LANES x i16> fp16 bits -> <LANES x float>, exactly. Where the compile target has F16C, by the
+    hardware conversion (one instruction per 16 lanes); otherwise by the integer widening of
+    cpu.f16_to_f32 (exponent and mantissa shifted into place are the value times 2**-112, restored by
+    one exact multiply; inf/NaN get the all-ones exponent; the sign is or-ed back). The two agree on
+    every fp16 value but signaling NaNs (F16C quiets them), which qpack never stores as fp16 bits."""
+    if context is not None and _target_has_f16c(context):
+        n = h16.type.count
+        return builder.fpext(builder.bitcast(h16, ir.VectorType(ir.HalfType(), n)), _vec(_F, n))
     vi = _vec(_I32)
     h = builder.zext(h16, vi)
     em = builder.shl(builder.and_(h, _splat_const(vi, 0x7FFF)), _splat_const(vi, 13))
@@ -181,7 +191,7 @@ def v_scale(typingctx, arr, idx):
     elif arr.dtype == types.uint16:
         def codegen(context, builder, sig, args):
             ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], _vec(ir.IntType(16)))
-            return _widen_half(builder, builder.load(ptr, align=2))
+            return _widen_half(builder, builder.load(ptr, align=2), context)
     else:
         return None
     return _F32V(arr, idx), codegen
