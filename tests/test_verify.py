@@ -17,7 +17,7 @@ from tinydet.verify import run_matrix
 def test_verify_stories_passes_every_cell(stories_path):
     r = CliRunner().invoke(main, ["verify", "--model", str(stories_path), "--json"])
     assert r.exit_code == 0, r.output
-    out = json.loads(r.output)
+    out = json.loads(r.stdout)
     assert out["passed"]
     groups = {(c["dtype"], c["group"], c["variant"]) for c in out["cells"]}
     for dtype in ("fp32", "fp16", "native"):

@@ -201,6 +201,10 @@ class Model:
             self._log(g)
 
 
+TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.scores",
+                    "tokenizer.ggml.token_type")
+
+
 def read_gguf_model(path: Path, progress=None, keep_matrices: bool = False):
     """(GGUFFile, Config, Tokenizer, canonical weights) of a GGUF llama model: float32 arrays, or with
     `keep_matrices` the matrices as the file stores them (see `load_gguf_weights`)."""
@@ -234,7 +238,8 @@ def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: i
 
         cfg, weights, tokenizer, metadata = load_hf_dir(path, progress)
     else:
-        g, cfg, tokenizer, weights = read_gguf_model(path, progress, keep_matrices=dtype == "native")
-        metadata = g.metadata
+        g, cfg, tokenizer, weights = read_gguf_model(path, progress, keep_matrices=True)
+        # The vocabulary arrays live on in the tokenizer; keeping them twice would cost ~10 MB.
+        metadata = {k: v for k, v in g.metadata.items() if not k.startswith(TOKENIZER_ARRAYS)}
     transformer = Transformer(cfg, weights, dtype)
     return Model(path, transformer, tokenizer, metadata, threads, log)

@@ -41,6 +41,18 @@ def peak_rss_bytes() -> int:
     return int(rss) if sys.platform == "darwin" else int(rss) * 1024
 
 
+def current_rss_bytes() -> int | None:
+    """Resident set size now (Linux /proc; None elsewhere)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -61,7 +73,8 @@ def bench_prompt(vocab_size: int, n: int, bos_id: int | None = None) -> list[int
 
 
 def bench(model, prompt_tokens: int = 128, new_tokens: int = 64, repeats: int = 3, *, dtype: str = "fp32",
-          threads: int | None = None, load_seconds: float | None = None) -> dict[str, Any]:
+          threads: int | None = None, load_seconds: float | None = None,
+          rss_before_load: int | None = None) -> dict[str, Any]:
     """Measure `model` (a loaded `tinydet.Model`, or anything `tinydet.load` takes: then it is loaded
     here with `dtype` and `threads`, and the load is timed). A caller that loaded the model itself may
     pass `load_seconds` to have it reported. Returns a JSON-serializable dict:
@@ -78,6 +91,11 @@ def bench(model, prompt_tokens: int = 128, new_tokens: int = 64, repeats: int = 
     weight_bytes, kv_cache_bytes      the weights as held in memory, and a KV cache of
                                       prompt_tokens + new_tokens positions
     rss_over_weights_and_kv           peak_rss_bytes / (weight_bytes + kv_cache_bytes)
+    rss_before_load_bytes             the process's resident memory before the model was loaded (the
+                                      interpreter, NumPy, numba and LLVM: about 100 MiB), when known
+                                      (`rss_before_load`, or measured here when this call loads)
+    model_rss_over_weights_and_kv     (peak_rss_bytes - rss_before_load_bytes) / (weights + KV cache):
+                                      what loading and running the model added, over what it holds
     model, dtype, threads, prompt_tokens, new_tokens, repeats, and the machine and versions
     """
     from . import __version__
@@ -88,6 +106,7 @@ def bench(model, prompt_tokens: int = 128, new_tokens: int = 64, repeats: int = 
     new_tokens = _positive_int("new_tokens", new_tokens)
     repeats = _positive_int("repeats", repeats)
     if not isinstance(model, Model):
+        rss_before_load = current_rss_bytes()
         t0 = time.perf_counter()
         model = load(model, dtype=dtype, threads=threads)
         load_seconds = time.perf_counter() - t0
@@ -155,6 +174,9 @@ def bench(model, prompt_tokens: int = 128, new_tokens: int = 64, repeats: int = 
         "weight_bytes": weight_bytes,
         "kv_cache_bytes": kv_bytes,
         "rss_over_weights_and_kv": rss / (weight_bytes + kv_bytes),
+        "rss_before_load_bytes": rss_before_load,
+        "model_rss_over_weights_and_kv": (None if rss_before_load is None
+                                          else (rss - rss_before_load) / (weight_bytes + kv_bytes)),
         "machine": {"cpu": cpu_name(), "cpus": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version()},
         "versions": {"tinydet": __version__, "numpy": np.__version__, "numba": numba.__version__},
@@ -177,7 +199,10 @@ def format_report(r: dict[str, Any]) -> str:
         f"{runs('decode_tok_s_runs', '.1f')})",
         f"first token  {r['first_token_s'] * 1000:.1f} ms  (prefill of {r['prompt_tokens']} tokens + pick)",
         f"memory   peak RSS {r['peak_rss_mib']:.0f} MiB = {r['rss_over_weights_and_kv']:.2f} x (weights "
-        f"{r['weight_bytes'] / 2**20:.0f} MiB + KV cache {r['kv_cache_bytes'] / 2**20:.1f} MiB)",
+        f"{r['weight_bytes'] / 2**20:.0f} MiB + KV cache {r['kv_cache_bytes'] / 2**20:.1f} MiB)"
+        + ("" if r.get("rss_before_load_bytes") is None else
+           f"; {r['rss_before_load_bytes'] / 2**20:.0f} MiB before loading, so the model added "
+           f"{r['model_rss_over_weights_and_kv']:.2f} x"),
         f"output   {r['output_hash'][:16]}  "
         f"({'identical in every repeat' if r['repeats_identical'] else 'DIFFERS between repeats'})",
     ]

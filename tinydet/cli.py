@@ -77,15 +77,21 @@ def sampling_options(fn):
     return fn
 
 
+COMPILE_NOTICE = ("compiling kernels for this machine (once per tinydet version, dtype and weight type; cached "
+                  "afterwards): a minute or two...")
+_compile_notice = False  # the notice's listener is registered once per process
+
+
 def _load(model_name, dtype, threads, verify, log_path=None):
     from .api import load
-    from .kernels import cache_is_warm
+    from .kernels import on_first_compile
 
-    model = load(model_name, dtype=dtype, threads=threads, progress=_progress(model_name or "default model"),
-                 verify=verify, log=log_path)
-    if not cache_is_warm():
-        click.echo("compiling kernels (first run only; cached afterwards)...", err=True)
-    return model
+    global _compile_notice
+    if not _compile_notice:
+        _compile_notice = True
+        on_first_compile(lambda: click.echo(COMPILE_NOTICE, err=True))
+    return load(model_name, dtype=dtype, threads=threads, progress=_progress(model_name or "default model"),
+                verify=verify, log=log_path)
 
 
 def _stream(pieces) -> None:
@@ -358,12 +364,13 @@ def bench(model_name, dtype, threads, prompt_tokens, new_tokens, repeats, as_jso
     """Prefill and decode speed, first-token latency and peak memory of MODEL on this machine
     (default: the default model)."""
     from .bench import bench as run_bench
-    from .bench import format_report
+    from .bench import current_rss_bytes, format_report
 
+    rss0 = current_rss_bytes()
     t0 = time.perf_counter()
     model = _load(model_name, dtype, threads, False)
     load_s = time.perf_counter() - t0
-    r = run_bench(model, prompt_tokens, new_tokens, repeats, load_seconds=load_s)
+    r = run_bench(model, prompt_tokens, new_tokens, repeats, load_seconds=load_s, rss_before_load=rss0)
     click.echo(json.dumps(r) if as_json else format_report(r))
 
 

@@ -8,6 +8,7 @@ tensor byte is read.
 
 from __future__ import annotations
 
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,6 +212,22 @@ class GGUFFile:
         """The tensor's raw bytes, a zero-copy uint8 view of the map."""
         info = self.tensors[name]
         return self.data[info.offset:info.offset + info.nbytes]
+
+    def release(self, name: str) -> None:
+        """Drop the tensor's pages from this process's resident memory once its bytes have been used
+        (a later read faults them back in from the page cache: correct, only slower), so loading a
+        model does not hold the whole file resident on top of the packed weights."""
+        info = self.tensors[name]
+        mm = getattr(self.data, "_mmap", None)
+        if mm is None or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        page = mmap.PAGESIZE
+        start = info.offset // page * page
+        end = min(len(mm), -(-(info.offset + info.nbytes) // page) * page)
+        try:
+            mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+        except (OSError, ValueError):  # advice only: a platform that refuses it keeps the pages
+            pass
 
     def tensor_view(self, name: str) -> np.ndarray:
         """A zero-copy typed view for F32/F16/BF16 tensors (BF16 as uint16 bits), in numpy shape order;

@@ -12,9 +12,10 @@ import numpy as np
 from . import qpack
 from .config import Config
 from .errors import ContextLengthError, TinydetError
-from .gguf import GGML_TYPE_IDS
-from .kernels import cpu, native, qcpu
+from .gguf import GGML_TYPE_IDS, GGML_TYPES
+from .kernels import cpu, forward, qcpu
 from .kernels.mathfn import exp64, log64
+from .quants import dequantize
 from .weights import RawTensor
 
 # fp32: float32 weights; fp16: weights and KV cache as binary16; native: each matrix as the file
@@ -54,19 +55,66 @@ class Layer:
     w2: np.ndarray | qpack.QPanels  # (ceil(dim/64), ffn, 64)
 
 
+_PACK_ROWS = 4096  # rows dequantized and packed at a time (bounds the float32 temporaries)
+
+
+def _row_chunks(p, n0: int, n1: int) -> np.ndarray:
+    """Rows n0..n1 of a matrix as float32 (a RawTensor's rows dequantized, in its row order)."""
+    if not isinstance(p, RawTensor):
+        return np.ascontiguousarray(p[n0:n1], np.float32)
+    if p.row_order is not None:  # Q/K rows are permuted: small matrices, done whole
+        return p.dequantize()[n0:n1]
+    t = GGML_TYPES[p.ggml_type]
+    row_bytes = p.shape[1] // t.block_size * t.type_size
+    rows = p.data.reshape(p.shape[0], row_bytes)[n0:n1]
+    return dequantize(rows, p.ggml_type, (n1 - n0, p.shape[1]))
+
+
+def _pack_float(parts: list, dtype: str, out: np.ndarray | None = None) -> np.ndarray:
+    """The row concatenation of `parts` (RawTensor or float32 (n, k) arrays) as panels (P, k, 64) of
+    `dtype`'s storage, written into `out` (or a new aligned array), a few thousand rows at a time so
+    that loading holds little more than the packed weights. The values are pack_panels' exactly."""
+    n, k = sum(p.shape[0] for p in parts), parts[0].shape[1]
+    P = -(-n // cpu.PANEL)
+    if out is None:
+        out = cpu.aligned_empty((P, k, cpu.PANEL), np.uint16 if dtype == "fp16" else np.float32)
+    out[-1] = 0  # the last panel's padding rows
+    g = 0  # global row of the next chunk
+    for p in parts:
+        for n0 in range(0, p.shape[0], _PACK_ROWS):
+            n1 = min(p.shape[0], n0 + _PACK_ROWS)
+            w = storage(_row_chunks(p, n0, n1), dtype)
+            m = n1 - n0
+            if g % cpu.PANEL == 0 and (m % cpu.PANEL == 0 or g + m == n):
+                full = -(-m // cpu.PANEL) * cpu.PANEL
+                if full != m:
+                    w = np.concatenate([w, np.zeros((full - m, k), w.dtype)])
+                out[g // cpu.PANEL:(g + full) // cpu.PANEL] = w.reshape(-1, cpu.PANEL, k).transpose(0, 2, 1)
+            else:  # rows that straddle panels (e.g. a part whose row count is not a multiple of 64)
+                r = np.arange(g, g + m)
+                out[(r // cpu.PANEL)[:, None], np.arange(k)[None, :], (r % cpu.PANEL)[:, None]] = w
+            g += m
+        if isinstance(p, RawTensor):
+            p.done()
+    return out
+
+
 def _native_kind(per_layer: list[list]) -> tuple:
     """One matrix kind in native storage, from its parts per layer (RawTensor or float32 arrays, to
-    be concatenated by rows). Returns (the stack for `native.forward_layers`, one matrix per layer):
+    be concatenated by rows). Returns (the stack for `forward.forward_layers`, one matrix per layer):
     quantized panels when every part has one Q8_0/Q4_0/Q4_1 type, fp16 panels when all are F16,
     else float32 panels of the dequantized values."""
     kinds = {p.ggml_type if isinstance(p, RawTensor) else F32 for parts in per_layer for p in parts}
     kind = kinds.pop() if len(kinds) == 1 else None
+    if kind == F32:
+        kind = None  # dequantize: F32 -> a float32 copy
     if kind in qpack.NATIVE_TYPES:
         k = per_layer[0][0].shape[1]
         st = qpack.stack([qpack.pack_parts([(p.data, p.row_order, p.ggml_type) for p in parts], kind, k)
                           for parts in per_layer])
         mats = [qpack.QPanels(kind, st.n, st.k, st.qs[i], st.d[i], None if st.m is None else st.m[i])
                 for i in range(len(per_layer))]
+        _done(per_layer)
         return (st.qs, st.d, st.m), mats
     if kind == F16:
         def bits(p):
@@ -76,7 +124,15 @@ def _native_kind(per_layer: list[list]) -> tuple:
     else:
         pack = lambda parts: cpu.pack_panels(np.concatenate([_f32(p) for p in parts]))  # noqa: E731
     st = _stack([pack(parts) for parts in per_layer])
+    _done(per_layer)
     return st, list(st)
+
+
+def _done(per_layer) -> None:
+    for parts in per_layer:
+        for p in parts:
+            if isinstance(p, RawTensor):
+                p.done()
 
 
 class KVCache:
@@ -113,8 +169,6 @@ class Transformer:
             raise TinydetError(f"dtype: expected one of {', '.join(DTYPES)}, found {dtype!r}")
         self.cfg, self.dtype = cfg, dtype
         self.cache_dtype = "fp16" if dtype == "fp16" else "fp32"
-        # The forward pass in one call: native storage has its own (see kernels/native.py).
-        self._forward_layers = native.forward_layers if dtype == "native" else cpu.forward_layers
         self.norm = _f32(weights["norm"])  # (dim,)
         kinds = (("wqkv", ("wq", "wk", "wv")), ("wo", ("wo",)), ("w13", ("w1", "w3")), ("w2", ("w2",)))
         if dtype == "native":
@@ -136,21 +190,30 @@ class Transformer:
                                       for i in range(cfg.n_layers)]) for name in ("attn_norm", "ffn_norm")}
 
     def _init_float(self, cfg: Config, weights: dict, kinds, dtype: str) -> None:
-        packed = lambda a: storage(cpu.pack_panels(_f32(a)), dtype)  # noqa: E731
-        self.tok_embeddings = storage(_f32(weights["tok_embeddings"]), dtype)  # (vocab, dim)
-        self.output = _stack([packed(weights["output"])])[0]  # (ceil(vocab/64), dim, 64), aligned
+        def packed(parts, out=None):
+            return _pack_float(parts, dtype, out)
+
+        emb = weights["tok_embeddings"]
+        self.output = packed([weights["output"]])  # (ceil(vocab/64), dim, 64), aligned
+        if weights["output"] is emb:
+            self.tok_embeddings = None  # tied: rows are read from the output panels (same values)
+        else:
+            self.tok_embeddings = storage(_f32(emb), dtype)  # (vocab, dim)
+            if isinstance(emb, RawTensor):
+                emb.done()
         self._norms(cfg, weights)
-        # Each matrix kind is stacked over layers (one array each, for `cpu.forward_layers`); the
+        # Each matrix kind is stacked over layers (one array each, for `forward.forward_layers`); the
         # layers hold views into the stacks.
         self._mats = {}
         for name, parts in kinds:
-            per_layer = []
+            ws = [[weights[f"layers.{i}.{n}"] for n in parts] for i in range(cfg.n_layers)]
+            n, k = sum(w.shape[0] for w in ws[0]), ws[0][0].shape[1]
+            stack = cpu.aligned_empty((cfg.n_layers, -(-n // cpu.PANEL), k, cpu.PANEL),
+                                      np.uint16 if dtype == "fp16" else np.float32)
             for i in range(cfg.n_layers):
-                ws = [_f32(weights[f"layers.{i}.{n}"]) for n in parts]
-                per_layer.append(packed(ws[0] if len(ws) == 1 else np.concatenate(ws)))
-            self._stacks[name] = _stack(per_layer)
-            del per_layer
-            self._mats[name] = list(self._stacks[name])
+                packed(ws[i], stack[i])
+            self._stacks[name] = stack
+            self._mats[name] = list(stack)
 
     def _init_native(self, cfg: Config, weights: dict, kinds) -> None:
         self._norms(cfg, weights)
@@ -159,17 +222,21 @@ class Transformer:
             self._stacks[name], self._mats[name] = _native_kind(
                 [[weights[f"layers.{i}.{n}"] for n in parts] for i in range(cfg.n_layers)])
         emb = weights["tok_embeddings"]
-        tied = weights["output"] is emb
         if isinstance(emb, RawTensor) and emb.ggml_type in qpack.NATIVE_TYPES:
             self.tok_embeddings = qpack.pack_parts([(emb.data, None, emb.ggml_type)], emb.ggml_type, cfg.dim)
+        elif weights["output"] is emb:
+            self.tok_embeddings = None  # tied: rows are read from the output panels (same values)
         elif isinstance(emb, RawTensor) and emb.ggml_type == F16:
             self.tok_embeddings = np.array(emb.data.view("<u2").reshape(emb.shape), np.uint16)  # widened exactly
         else:
             self.tok_embeddings = _f32(emb)
-        if tied and isinstance(self.tok_embeddings, qpack.QPanels):
+        if weights["output"] is emb and self.tok_embeddings is not None:
             self.output = self.tok_embeddings  # one copy serves both
         else:
             self.output = _native_kind([[weights["output"]]])[1][0]
+        for w in weights.values():
+            if isinstance(w, RawTensor):
+                w.done()
 
     def matrices(self) -> dict[str, str]:
         """How each matrix kind is stored: "f32", "f16" or a GGML quant type name."""
@@ -179,13 +246,15 @@ class Transformer:
             return "f16" if m.dtype == np.uint16 else "f32"
         out = {name: kind(getattr(self.layers[0], name)) for name in ("wqkv", "wo", "w13", "w2")}
         out["output"] = kind(self.output)
-        out["tok_embeddings"] = kind(self.tok_embeddings)
+        out["tok_embeddings"] = kind(self.output if self.tok_embeddings is None else self.tok_embeddings)
         return out
 
     def weight_bytes(self) -> int:
         """Bytes of weights held in memory (each array once)."""
         seen, total = set(), 0
         for a in [self.tok_embeddings, self.output, self.norm, *self._stacks.values()]:
+            if a is None:
+                continue
             parts = [a] if isinstance(a, np.ndarray) else [x for x in (
                 (a.qs, a.d, a.m) if isinstance(a, qpack.QPanels) else a) if x is not None]
             for x in parts:
@@ -259,7 +328,9 @@ class Transformer:
         T = ids.shape[0]
         cos, sin = self._rope(int(pos.max()) + 1)
         x = np.empty((T, cfg.dim), np.float32)  # residual stream
-        if isinstance(self.tok_embeddings, qpack.QPanels):
+        if self.tok_embeddings is None:
+            cpu.embed_panels(self.output, ids, x)
+        elif isinstance(self.tok_embeddings, qpack.QPanels):
             qcpu.embed(self.tok_embeddings, ids, x)
         else:
             cpu.embed(self.tok_embeddings, ids, x)
@@ -270,7 +341,7 @@ class Transformer:
             # Every layer in one call: the same kernels' building blocks in the same order, so the
             # same bits as the calls below.
             st = self._stacks
-            self._forward_layers(x, st["attn_norm"], st["wqkv"], st["wo"], st["ffn_norm"], st["w13"], st["w2"],
+            forward.forward_layers(x, st["attn_norm"], st["wqkv"], st["wo"], st["ffn_norm"], st["w13"], st["w2"],
                                cache.k, cache.v, pos, slots, cos, sin, cfg.n_heads, cfg.n_kv_heads,
                                cfg.head_dim, cfg.ffn_dim, self.eps, self.scale, numba.get_num_threads())
         else:

@@ -9,6 +9,7 @@ Model code never sees a GGUF or HF name.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -16,7 +17,6 @@ import numpy as np
 
 from .config import Config
 from .errors import ModelFormatError
-from .gguf import GGML_TYPE_IDS
 from .qpack import rope_row_order
 from .quants import dequantize
 
@@ -87,16 +87,21 @@ class RawTensor:
     ggml_type: int
     shape: tuple[int, int]
     row_order: np.ndarray | None = None
+    release: Callable[[], None] | None = None  # called once the bytes have been copied out
 
     def dequantize(self) -> np.ndarray:
         w = dequantize(self.data, self.ggml_type, self.shape)
         return w if self.row_order is None else np.ascontiguousarray(w[self.row_order])
 
+    def done(self) -> None:
+        if self.release is not None:
+            self.release()
+
 
 def load_gguf_weights(gguf, cfg: Config, progress: Callable[[int, int, str], None] | None = None,
                       keep_matrices: bool = False) -> dict[str, np.ndarray | RawTensor]:
     """Dequantize every tensor of a GGUF llama model to float32 under its canonical name; with
-    `keep_matrices`, the 2-D tensors that are not F32 stay as the file stores them (`RawTensor`).
+    `keep_matrices`, the 2-D tensors stay as the file stores them (`RawTensor`, read when packed).
 
     The output matrix is tied to the token embedding only when `output.weight` is absent."""
     shapes = expected_shapes(cfg)
@@ -114,13 +119,14 @@ def load_gguf_weights(gguf, cfg: Config, progress: Callable[[int, int, str], Non
         if info.shape != shapes[name]:
             raise ModelFormatError(gguf.path, gname,
                                    f"expected shape {shapes[name]} from the metadata, found {info.shape}")
-        if keep_matrices and len(info.shape) == 2 and info.ggml_type != GGML_TYPE_IDS["F32"]:
+        if keep_matrices and len(info.shape) == 2:
             order = None
             if name.endswith(".wq"):
                 order = rope_row_order(cfg.q_dim, cfg.n_heads)
             elif name.endswith(".wk"):
                 order = rope_row_order(cfg.kv_dim, cfg.n_kv_heads)
-            out[name] = RawTensor(gguf.tensor_bytes(gname), info.ggml_type, info.shape, order)
+            out[name] = RawTensor(gguf.tensor_bytes(gname), info.ggml_type, info.shape, order,
+                                  functools.partial(gguf.release, gname))
             continue
         w = dequantize(gguf.tensor_bytes(gname), info.ggml_type, info.shape)
         if name.endswith(".wq"):

@@ -29,7 +29,21 @@ if not os.environ.get("NUMBA_CACHE_DIR"):
     numba.config.CACHE_DIR = str(_base / "numba" / _cache_key())
 
 
-def cache_is_warm() -> bool:
-    """True when compiled kernels are already on disk (the next start will not compile)."""
-    d = Path(numba.config.CACHE_DIR or "")
-    return bool(numba.config.CACHE_DIR) and d.is_dir() and any(d.rglob("*.nbi"))
+def on_first_compile(callback) -> None:
+    """Call `callback()` once, when numba first compiles a kernel in this process (a cache miss: the
+    first run on a machine, or of a dtype or weight type not run before). Loads from the cache do
+    not count, so a warm start stays silent."""
+    from numba.core import event
+
+    class _Once(event.Listener):
+        fired = False
+
+        def on_start(self, ev):
+            if not self.fired:
+                self.fired = True
+                callback()
+
+        def on_end(self, ev):
+            pass
+
+    event.register("numba:compile", _Once())

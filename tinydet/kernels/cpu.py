@@ -28,8 +28,7 @@ Speed (SmolLM2-135M on 2 cores: decode at the memory bandwidth, prefill near the
   by the thread that computed the outputs, in the same region.
 - Attention: keys are cached with 64 positions side by side (`rope_store`), so q.k runs 64 positions
   per vector; the weighted sum of V runs 64 dims per vector; exp runs 64 lanes at a time (`v_exp32`).
-- `forward_layers` runs every layer in one call: about five parallel regions per layer and no
-  Python in between.
+- `forward.forward_layers` runs every layer in one call with these kernels.
 
 The vector kernels read raw pointers without bounds checks: callers pass C-contiguous arrays of the
 documented shapes (`matmul` checks its arguments).
@@ -595,13 +594,14 @@ def _panel(x, wp, p, ta, tb, out, n_out):
 
 
 @njit(cache=True)
-def _n_chunks(T, P, nth):
-    """Token chunks per panel: about CHUNK_TILES tiles each, and, where it is cheap, a job count that
-    the threads share evenly. Only the split of work depends on it, never any output's arithmetic."""
+def split_chunks(T, P, nth, tile, chunk_tiles):
+    """Token chunks per column of P jobs (panels) for T tokens in tiles of `tile`: about `chunk_tiles`
+    tiles each and, where it is cheap, a job count the nth threads share evenly. Only the split of
+    work depends on it, never any output's arithmetic."""
     if T == 1:
         return 1
-    n_tiles = (T + TILE - 1) // TILE
-    c = (n_tiles + CHUNK_TILES - 1) // CHUNK_TILES
+    n_tiles = (T + tile - 1) // tile
+    c = (n_tiles + chunk_tiles - 1) // chunk_tiles
     for extra in range(nth):
         if c + extra <= n_tiles and ((c + extra) * P) % nth == 0:
             return c + extra
@@ -609,11 +609,10 @@ def _n_chunks(T, P, nth):
 
 
 @njit(cache=True, inline="always")
-def _chunk(T, C, c):
-    n_tiles = (T + TILE - 1) // TILE
-    ta = (c * n_tiles // C) * TILE
-    tb = min(T, ((c + 1) * n_tiles // C) * TILE)
-    return ta, tb
+def chunk_range(T, C, c, tile):
+    """Tokens [ta, tb) of chunk c of C (whole tiles but the last)."""
+    n_tiles = (T + tile - 1) // tile
+    return (c * n_tiles // C) * tile, min(T, ((c + 1) * n_tiles // C) * tile)
 
 
 @njit(cache=True, inline="always")
@@ -664,10 +663,10 @@ def _mm(x, wp, n_out, out, nth, mode, res, act):
             elif mode == MM_SWIGLU:
                 _swiglu_span(out, 0, ffn_dim, act, n0, n1)
     else:
-        C = _n_chunks(T, Pj, nth)
+        C = split_chunks(T, Pj, nth, TILE, CHUNK_TILES)
         for job in prange(Pj * C):
             p = job // C
-            ta, tb = _chunk(T, C, job % C)
+            ta, tb = chunk_range(T, C, job % C, TILE)
             for part in range(parts):
                 _panel(x, wp, p + part * Pj, ta, tb, out, n_out)
             n0 = p * LANES
@@ -959,6 +958,17 @@ def embed(table, ids, out):
 
 
 @njit(cache=True)
+def embed_panels(wp, ids, out):
+    """out[t] = row ids[t] of the panel-packed matrix wp[P, K, 64] widened to float32 (exact): a tied
+    output matrix serves as the embedding table too."""
+    for t in range(ids.shape[0]):
+        p = ids[t] // PANEL
+        j = ids[t] % PANEL
+        for i in range(out.shape[1]):
+            out[t, i] = widen(wp[p, i, j])
+
+
+@njit(cache=True)
 def widen_rows(cache, slots, pos):
     """The cached keys at (slots[t], pos[t]) as float32 rows of kv_dim (for tracing what the cache
     holds), from a key cache (slot, kv_head, pos // 64, head_dim, pos % 64)."""
@@ -999,45 +1009,3 @@ def pack_panels(w: np.ndarray) -> np.ndarray:
     out = aligned_empty((p, k, PANEL), w.dtype)
     out[...] = padded.reshape(p, PANEL, k).transpose(0, 2, 1)
     return out
-
-
-# ---------------------------------------------------------------------------------------------------
-# A whole forward pass in one call (no tracing): the same building blocks as the kernels above, in
-# the order model.py calls them, with the residual add fused into the projection that feeds it and
-# SwiGLU fused into the gate/up projection (each output still computed by the same operations).
-
-@njit(cache=True)
-def forward_layers(x, attn_norm, wqkv, wo, ffn_norm, w13, w2, k_cache, v_cache, pos, slot, cos, sin,
-                   n_heads, n_kv_heads, head_dim, ffn_dim, eps, scale, nth):
-    """x (T, dim): embedded tokens in, residual stream after the last layer out. Weights stacked over
-    layers: attn_norm/ffn_norm (L, dim), wqkv/wo/w13/w2 panels (L, P, K, 64); caches (L, ...). `nth`,
-    the thread count, only shapes the split of work."""
-    T, dim = x.shape
-    q_dim = n_heads * head_dim
-    kv_dim = n_kv_heads * head_dim
-    n_qkv = q_dim + 2 * kv_dim
-    h = np.empty((T, dim), np.float32)
-    qkv = np.empty((T, n_qkv), np.float32)
-    q = np.empty((T, q_dim), np.float32)
-    att = np.empty((T, q_dim), np.float32)
-    proj = np.empty((T, dim), np.float32)
-    gu = np.empty((T, 2 * ffn_dim), np.float32)
-    act = np.empty((T, ffn_dim), np.float32)
-    fused_swiglu = ffn_dim % LANES == 0
-    # modes as int64 values, not literals: a literal argument would compile _mm once per mode
-    plain, residual, swiglu_mode = np.int64(MM_PLAIN), np.int64(MM_RESIDUAL), np.int64(MM_SWIGLU)
-    for li in range(attn_norm.shape[0]):
-        kc = k_cache[li]
-        vc = v_cache[li]
-        rmsnorm(x, attn_norm[li], eps, h)
-        _mm(h, wqkv[li], n_qkv, qkv, nth, plain, qkv, qkv)
-        rope_store(qkv, q_dim, kv_dim, head_dim, cos, sin, pos, slot, kc, vc, q)
-        _attention_par(q, kc, vc, pos, slot, n_heads, n_kv_heads, head_dim, scale, att)
-        _mm(att, wo[li], dim, proj, nth, residual, x, x)
-        rmsnorm(x, ffn_norm[li], eps, h)
-        if fused_swiglu:
-            _mm(h, w13[li], 2 * ffn_dim, gu, nth, swiglu_mode, gu, act)
-        else:
-            _mm(h, w13[li], 2 * ffn_dim, gu, nth, plain, gu, gu)
-            swiglu(gu, ffn_dim, act)
-        _mm(act, w2[li], dim, proj, nth, residual, x, x)

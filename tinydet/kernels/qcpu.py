@@ -43,6 +43,8 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, models, overload, register_model
 
+from .cpu import chunk_range, split_chunks
+
 LANES = 32  # outputs per panel of the native layout (decode's vector width)
 WIDE = 2 * LANES  # outputs per prefill job (two panels) and its vector width
 KBLOCK = 64  # k-block of the block-Kahan sum (= cpu.KBLOCK; the tests check it)
@@ -490,22 +492,6 @@ def _wbuf(K, P, j):
     return np.zeros(K * WIDE, np.float32)
 
 
-@njit(cache=True)
-def _n_chunks(T, J, nth):
-    """Token chunks per pair of panels: about CHUNK_TILES tiles each and, where it is cheap, a job
-    count the threads share evenly. Only the split of work depends on it."""
-    n_tiles = (T + TILE - 1) // TILE
-    c = (n_tiles + CHUNK_TILES - 1) // CHUNK_TILES
-    for extra in range(nth):
-        if c + extra <= n_tiles and ((c + extra) * J) % nth == 0:
-            return c + extra
-    return c
-
-
-@njit(cache=True, inline="always")
-def _chunk(T, C, c):
-    n_tiles = (T + TILE - 1) // TILE
-    return (c * n_tiles // C) * TILE, min(T, ((c + 1) * n_tiles // C) * TILE)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -535,10 +521,10 @@ def matmul_q8_0(x, qs, d, n_out, out, res, nth):
             _put(out, 0, p * LANES, n_out, s0, res)
     else:
         J = (P + 1) // 2
-        C = _n_chunks(T, J, nth)
+        C = split_chunks(T, J, nth, TILE, CHUNK_TILES)
         for job in prange(J * C):
             j = job // C
-            ta, tb = _chunk(T, C, job % C)
+            ta, tb = chunk_range(T, C, job % C, TILE)
             wbuf = _wbuf(K, P, j)
             for h in range(min(2, P - 2 * j)):
                 p = 2 * j + h
@@ -572,10 +558,10 @@ def matmul_q4_0(x, qs, d, n_out, out, res, nth):
             _put(out, 0, p * LANES, n_out, s0, res)
     else:
         J = (P + 1) // 2
-        C = _n_chunks(T, J, nth)
+        C = split_chunks(T, J, nth, TILE, CHUNK_TILES)
         for job in prange(J * C):
             j = job // C
-            ta, tb = _chunk(T, C, job % C)
+            ta, tb = chunk_range(T, C, job % C, TILE)
             wbuf = _wbuf(K, P, j)
             for h in range(min(2, P - 2 * j)):
                 p = 2 * j + h
@@ -613,10 +599,10 @@ def matmul_q4_1(x, qs, d, m, n_out, out, res, nth):
             _put(out, 0, p * LANES, n_out, s0, res)
     else:
         J = (P + 1) // 2
-        C = _n_chunks(T, J, nth)
+        C = split_chunks(T, J, nth, TILE, CHUNK_TILES)
         for job in prange(J * C):
             j = job // C
-            ta, tb = _chunk(T, C, job % C)
+            ta, tb = chunk_range(T, C, job % C, TILE)
             wbuf = _wbuf(K, P, j)
             for h in range(min(2, P - 2 * j)):
                 p = 2 * j + h

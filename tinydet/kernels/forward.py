@@ -1,11 +1,15 @@
-"""The forward pass over matrices kept as the file stores them (`dtype="native"`).
+"""Every layer of the forward pass in one numba call (no tracing; `model.py` calls the kernels one by
+one when tracing).
 
-Each matrix kind (wqkv, wo, w13, w2), stacked over layers, is either a tuple `(qs, d, m)` of quantized
-panels (`qpack.stack`: Q8_0, Q4_0 or Q4_1, dequantized inside `qcpu`'s kernels) or float panels
-(L, P, K, 64) of float32 or fp16 bits (`cpu`'s kernels). Both compute each output exactly as
-`cpu.matmul` does over the float32 matrix, so this pass gives the bits of `cpu.forward_layers` at fp32:
-the other operations are the same kernels, called in the same order, with activations and the KV
-cache in float32. Which kernel runs is chosen when numba compiles, by the argument types.
+Each matrix kind (wqkv, wo, w13, w2), stacked over layers, is either float panels (L, P, K, 64) of
+float32 or fp16 bits (`cpu`'s kernels), or a tuple `(qs, d, m)` of quantized panels (`qpack.stack`:
+Q8_0, Q4_0 or Q4_1, dequantized inside `qcpu`'s kernels). Which kernel runs is chosen when numba
+compiles, by the argument types. Both compute each output exactly as `cpu.matmul` does over the
+float32 matrix; the other operations are the same kernels `model.py` calls one by one, in the same
+order, so this pass gives the bits of the traced path, and native storage (quantized panels, float32
+cache) gives fp32's. The residual adds are fused into the projections that feed them (each output
+added by the thread that computed it), and SwiGLU into the gate/up projection where its width allows.
+About five parallel regions per layer, with no Python in between.
 """
 
 from __future__ import annotations
@@ -74,8 +78,9 @@ def _mm_swiglu_layer(x, w, li, ffn_dim, gu, act, nth):
 @njit(cache=True)
 def forward_layers(x, attn_norm, wqkv, wo, ffn_norm, w13, w2, k_cache, v_cache, pos, slot, cos, sin,
                    n_heads, n_kv_heads, head_dim, ffn_dim, eps, scale, nth):
-    """`cpu.forward_layers` with each matrix kind either quantized panels or float panels (see the
-    module docstring); caches float32."""
+    """x (T, dim): embedded tokens in, residual stream after the last layer out. Norms (L, dim), matrix
+    kinds as in the module docstring, caches (L, ...) of `model.KVCache`. `nth`, the thread count,
+    only shapes the split of work."""
     T, dim = x.shape
     q_dim = n_heads * head_dim
     kv_dim = n_kv_heads * head_dim
