@@ -424,3 +424,15 @@ def test_signaling_nan_scales_are_stored_widened():
         assert_same_bits(native_product(x[:T], qp), fp32_product(x[:T], w))
     clean = qpack.pack_quantized(random_blocks("Q8_0", n, k, seed=7), qpack.Q8_0, k)
     assert clean.d.dtype == np.uint16
+
+
+def test_q4_1_scale_times_quant_is_exact():
+    """Q4_1's kernel may fuse (d * q) + m into one FMA because d * q never rounds: for every fp16 scale
+    d and every 4-bit q, the float32 product equals the exact (float64) one. Rounding d * q + m once is
+    then the same as rounding the sum of the rounded product."""
+    d = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    d = d[np.isfinite(d)]
+    q = np.arange(16, dtype=np.float32)
+    f32 = d[:, None] * q[None, :]
+    f64 = d.astype(np.float64)[:, None] * q.astype(np.float64)[None, :]
+    assert np.array_equal(f32.astype(np.float64), f64)

@@ -8,8 +8,11 @@ performs, on the same operands, in the same order (fp16 scales widened exactly):
   Q4_1  w = (d * q) + m               (q = the nibble, converted exactly)
 and then enters `cpu.matmul`'s sum unchanged: per output, `part = part + w * x[t, k]` in k order
 within each 64-long k-block, the block partials added in block order with Kahan compensation
-(y = part - c; z = s + y; c = (z - s) - y; s = z; from s = c = 0). No fastmath, no FMA (LLVM never
-contracts fmul/fadd without fast-math flags, and none are set), no reassociation. (quants.py subtracts
+(y = part - c; z = s + y; c = (z - s) - y; s = z; from s = c = 0). No fastmath, no reassociation, and
+no FMA where it could change a bit (LLVM never contracts fmul/fadd without fast-math flags, and none
+are set). The one fused multiply-add is Q4_1's (d * q) + m where the target has FMA: d is an fp16
+value and q a 4-bit integer, so d * q is exact in float32 and fusing skips a rounding that rounds
+nothing (`v_dq_add`). (quants.py subtracts
 Q4_0's 8 in float32, `float(nibble) - 8.0`; that subtraction is exact for all 16 nibbles, so doing it
 on the integer before the exact conversion gives the same float for every input; the tests run all 16.)
 
@@ -266,6 +269,33 @@ def _nibble(minus8: bool):
     return intrinsic(impl)
 
 
+def _target_has_fma(context) -> bool:
+    feats = getattr(context.codegen(), "_tm_features", "") or ""
+    return "+fma" in feats.split(",")
+
+
+@intrinsic
+def v_dq_add(typingctx, d, q, m):
+    """(d * q) + m lane by lane, for d an fp16 value (11 significant bits) and q a 4-bit integer: their
+    product has at most 15 significant bits, so it is exact in float32 and rounding it first (mul, then
+    add) gives the same float as rounding d * q + m once (a fused multiply-add). Where the compile
+    target has FMA, one fused instruction; elsewhere the mul and the add. The same bits either way (a
+    NaN's payload aside, which no operation here promises)."""
+    if not (d == _F32V and q == _F32V and m == _F32V):
+        return None
+
+    def codegen(context, builder, sig, args):
+        a, b, c = args
+        if _target_has_fma(context):
+            vt = _vec(_F)
+            name = f"llvm.fma.v{LANES}f32"
+            fn = builder.module.globals.get(name) or ir.Function(builder.module, ir.FunctionType(vt, [vt, vt, vt]), name)
+            return builder.call(fn, [a, b, c])
+        return builder.fadd(builder.fmul(a, b), c)
+
+    return _F32V(d, q, m), codegen
+
+
 v_nib = _nibble(False)  # (arr[idx : idx + LANES] >> shift) & 15 as float32: 0..15 (Q4_1)
 v_nib_m8 = _nibble(True)  # the same minus 8: -8..7 (Q4_0)
 
@@ -287,7 +317,7 @@ def _w_q4_0(qs, base, i, db):
 
 @njit(cache=True, inline="always")
 def _w_q4_1(qs, base, i, db, mb):
-    return v_add(v_mul(db, v_nib(qs, base, 4 * i)), mb)  # (d * q) + m
+    return v_dq_add(db, v_nib(qs, base, 4 * i), mb)  # (d * q) + m, d * q exact
 
 
 @njit(cache=True, inline="always")
