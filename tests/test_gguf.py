@@ -155,3 +155,5 @@ def test_release_keeps_bytes_readable(stories_path):
     before = g.tensor_bytes(name).copy()
     g.release(name)
     assert np.array_equal(g.tensor_bytes(name), before)
+    g.release(name, 0, 100)  # part of it
+    assert np.array_equal(g.tensor_bytes(name), before)

@@ -213,17 +213,19 @@ class GGUFFile:
         info = self.tensors[name]
         return self.data[info.offset:info.offset + info.nbytes]
 
-    def release(self, name: str) -> None:
-        """Drop the tensor's pages from this process's resident memory once its bytes have been used
-        (a later read faults them back in from the page cache: correct, only slower), so loading a
-        model does not hold the whole file resident on top of the packed weights."""
+    def release(self, name: str, lo: int = 0, hi: int | None = None) -> None:
+        """Drop the pages of the tensor's bytes lo..hi (default: all) from this process's resident
+        memory once they have been used (a later read faults them back in from the page cache:
+        correct, only slower), so loading a model does not hold the file resident on top of the packed
+        weights."""
         info = self.tensors[name]
+        lo, hi = info.offset + lo, info.offset + (info.nbytes if hi is None else hi)
         mm = getattr(self.data, "_mmap", None)
         if mm is None or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
             return
         page = mmap.PAGESIZE
-        start = info.offset // page * page
-        end = min(len(mm), -(-(info.offset + info.nbytes) // page) * page)
+        start = lo // page * page
+        end = min(len(mm), -(-hi // page) * page)
         try:
             mm.madvise(mmap.MADV_DONTNEED, start, end - start)
         except (OSError, ValueError):  # advice only: a platform that refuses it keeps the pages

@@ -23,7 +23,8 @@ from .weights import RawTensor
 # computing the bits of fp32.
 DTYPES = ("fp32", "fp16", "native")
 F32, F16 = GGML_TYPE_IDS["F32"], GGML_TYPE_IDS["F16"]
-# forward_layers' own matmuls; a replaced one (tests inject faults) routes through the kernels one by one
+# The one-call pass (forward.forward_logits) uses these kernels inside; a replaced one (tests inject faults)
+# routes the pass through the kernels one by one, where the replacement is seen.
 _MATMULS = (cpu.matmul, qcpu.qmatmul)
 
 
@@ -84,6 +85,8 @@ def _pack_float(parts: list, dtype: str, out: np.ndarray | None = None) -> np.nd
         for n0 in range(0, p.shape[0], _PACK_ROWS):
             n1 = min(p.shape[0], n0 + _PACK_ROWS)
             w = storage(_row_chunks(p, n0, n1), dtype)
+            if isinstance(p, RawTensor) and p.row_order is None:
+                p.done((n0, n1))
             m = n1 - n0
             if g % cpu.PANEL == 0 and (m % cpu.PANEL == 0 or g + m == n):
                 full = -(-m // cpu.PANEL) * cpu.PANEL
@@ -177,6 +180,10 @@ class Transformer:
             self._init_float(cfg, weights, kinds, dtype)
         self.layers = [Layer(attn_norm=self._stacks["attn_norm"][i], ffn_norm=self._stacks["ffn_norm"][i],
                              **{name: mats[i] for name, mats in self._mats.items()}) for i in range(cfg.n_layers)]
+        # the embedding table and output matrix as forward.forward_logits takes them
+        as_arg = lambda w: (w.qs, w.d, w.m) if isinstance(w, qpack.QPanels) else w  # noqa: E731
+        self._w_out = as_arg(self.output)
+        self._table = as_arg(self.output if self.tok_embeddings is None else self.tok_embeddings)
         # theta_i = base**(-2i/hd), in float64 with tinydet's own exp/log: the same bits on every CPU.
         ln_base = log64(cfg.rope_base)
         self.inv_freq = np.array([exp64(-(2.0 * i / cfg.head_dim) * ln_base) for i in range(cfg.head_dim // 2)])
@@ -327,32 +334,39 @@ class Transformer:
             numba.set_num_threads(threads)
         T = ids.shape[0]
         cos, sin = self._rope(int(pos.max()) + 1)
-        x = np.empty((T, cfg.dim), np.float32)  # residual stream
+        rows = np.arange(T) if all_logits else np.array([e - 1 for e in ends], np.int64)
+        rec = tracer.record if tracer is not None else None
+        if rec is None and (cpu.matmul, qcpu.qmatmul) == _MATMULS:
+            # The whole pass in one call: the same kernels in the same order as the steps below, so
+            # the same bits.
+            st = self._stacks
+            logits = forward.forward_logits(
+                ids, self._table, st["attn_norm"], st["wqkv"], st["wo"], st["ffn_norm"], st["w13"], st["w2"],
+                cache.k, cache.v, pos, slots, cos, sin, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim,
+                self.eps, self.scale, self.norm, self._w_out, cfg.vocab_size, rows, numba.get_num_threads())
+        else:
+            logits = self._forward_by_op(ids, cache, pos, slots, cos, sin, rows, rec)
+        for (slot, _), a in zip(items, ids_l):
+            cache.lengths[slot] += a.shape[0]
+        starts = [0] + ends[:-1]
+        if all_logits:
+            return [logits[a:b] for a, b in zip(starts, ends)]
+        return [logits[i:i + 1] for i in range(len(items))]
+
+    def _forward_by_op(self, ids, cache: KVCache, pos, slots, cos, sin, rows, rec) -> np.ndarray:
+        """The pass one kernel call at a time, the tracer recording between them (and a kernel
+        replaced at run time, as tests inject faults, is honoured)."""
+        cfg = self.cfg
+        x = np.empty((ids.shape[0], cfg.dim), np.float32)  # residual stream
         if self.tok_embeddings is None:
             cpu.embed_panels(self.output, ids, x)
         elif isinstance(self.tok_embeddings, qpack.QPanels):
             qcpu.embed(self.tok_embeddings, ids, x)
         else:
             cpu.embed(self.tok_embeddings, ids, x)
-        rec = tracer.record if tracer is not None else None
         if rec:
             rec(None, "embedding", pos, slots, x)
-        if rec is None and (cpu.matmul, qcpu.qmatmul) == _MATMULS:
-            # Every layer in one call: the same kernels' building blocks in the same order, so the
-            # same bits as the calls below.
-            st = self._stacks
-            forward.forward_layers(x, st["attn_norm"], st["wqkv"], st["wo"], st["ffn_norm"], st["w13"], st["w2"],
-                               cache.k, cache.v, pos, slots, cos, sin, cfg.n_heads, cfg.n_kv_heads,
-                               cfg.head_dim, cfg.ffn_dim, self.eps, self.scale, numba.get_num_threads())
-        else:
-            self._layers_by_op(x, cache, pos, slots, cos, sin, rec)
-        for (slot, _), a in zip(items, ids_l):
-            cache.lengths[slot] += a.shape[0]
-        starts = [0] + ends[:-1]
-        if all_logits:
-            rows = np.arange(T)
-        else:
-            rows = np.array([e - 1 for e in ends])
+        self._layers_by_op(x, cache, pos, slots, cos, sin, rec)
         hn = np.empty((rows.shape[0], cfg.dim), np.float32)
         cpu.rmsnorm(np.ascontiguousarray(x[rows]), self.norm, self.eps, hn)
         logits = np.empty((rows.shape[0], cfg.vocab_size), np.float32)
@@ -360,13 +374,9 @@ class Transformer:
         if rec:
             rec(None, "final_norm", pos[rows], slots[rows], hn)
             rec(None, "logits", pos[rows], slots[rows], logits)
-        if all_logits:
-            return [logits[a:b] for a, b in zip(starts, ends)]
-        return [logits[i:i + 1] for i in range(len(items))]
+        return logits
 
     def _layers_by_op(self, x, cache: KVCache, pos, slots, cos, sin, rec) -> None:
-        """The layers one kernel call at a time, the tracer recording between them (and a kernel
-        replaced at run time, as tests inject faults, is honoured)."""
         cfg = self.cfg
         T = x.shape[0]
         h = np.empty_like(x)

@@ -87,15 +87,21 @@ class RawTensor:
     ggml_type: int
     shape: tuple[int, int]
     row_order: np.ndarray | None = None
-    release: Callable[[], None] | None = None  # called once the bytes have been copied out
+    release: Callable[..., None] | None = None  # release(lo=0, hi=None): bytes lo..hi copied out
 
     def dequantize(self) -> np.ndarray:
         w = dequantize(self.data, self.ggml_type, self.shape)
         return w if self.row_order is None else np.ascontiguousarray(w[self.row_order])
 
-    def done(self) -> None:
-        if self.release is not None:
+    def done(self, rows: tuple[int, int] | None = None) -> None:
+        """The bytes (of rows n0..n1, default all) have been copied out: let the file's pages go."""
+        if self.release is None:
+            return
+        if rows is None:
             self.release()
+        else:
+            row_bytes = self.data.shape[0] // self.shape[0]
+            self.release(rows[0] * row_bytes, rows[1] * row_bytes)
 
 
 def load_gguf_weights(gguf, cfg: Config, progress: Callable[[int, int, str], None] | None = None,

@@ -19,7 +19,8 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from . import qcpu
-from .cpu import LANES, MM_PLAIN, MM_RESIDUAL, MM_SWIGLU, _attention_par, _mm, _swiglu_span, rmsnorm, rope_store
+from .cpu import (LANES, MM_PLAIN, MM_RESIDUAL, MM_SWIGLU, _attention_par, _mm, _swiglu_span, embed, embed_panels,
+                  rmsnorm, rope_store)
 
 
 def mm_layer(x, w, li, n_out, out, res, nth):
@@ -103,3 +104,55 @@ def forward_layers(x, attn_norm, wqkv, wo, ffn_norm, w13, w2, k_cache, v_cache, 
         rmsnorm(x, ffn_norm[li], eps, h)
         mm_swiglu_layer(h, w13, li, ffn_dim, gu, act, nth)
         mm_layer(act, w2, li, dim, proj, x, nth)
+
+
+def embed_rows(table, ids, x):
+    """x[t] = row ids[t] of the embedding table: a float (vocab, dim) table, float panels (a tied
+    output matrix), or a quantized panel tuple (qs, d, m)."""
+    raise NotImplementedError("embed_rows is for jitted code")
+
+
+@overload(embed_rows)
+def _embed_rows(table, ids, x):
+    if isinstance(table, types.BaseTuple):
+        qs, m = table[0], table[2]
+        if qs.dtype == types.int8:
+            return lambda table, ids, x: qcpu._embed_q8_0(table[0], table[1], ids, x)
+        if isinstance(m, types.NoneType):
+            return lambda table, ids, x: qcpu._embed_q4_0(table[0], table[1], ids, x)
+        return lambda table, ids, x: qcpu._embed_q4_1(table[0], table[1], table[2], ids, x)
+    if isinstance(table, types.Array) and table.ndim == 3:
+        return lambda table, ids, x: embed_panels(table, ids, x)
+    return lambda table, ids, x: embed(table, ids, x)
+
+
+def mm_out(x, w, n_out, out, nth):
+    """out = x W^T for the output matrix: float panels or a quantized panel tuple."""
+    raise NotImplementedError("mm_out is for jitted code")
+
+
+@overload(mm_out)
+def _mm_out(x, w, n_out, out, nth):
+    if isinstance(w, types.BaseTuple):
+        return lambda x, w, n_out, out, nth: qcpu.q_mm(x, w[0], w[1], w[2], n_out, out, None, nth)
+    return lambda x, w, n_out, out, nth: _mm(x, w, n_out, out, nth, np.int64(MM_PLAIN), out, out)
+
+
+@njit(cache=True)
+def forward_logits(ids, table, attn_norm, wqkv, wo, ffn_norm, w13, w2, k_cache, v_cache, pos, slot, cos, sin,
+                   n_heads, n_kv_heads, head_dim, ffn_dim, eps, scale, norm, w_out, n_out, rows, nth):
+    """The whole pass in one call: embedding, every layer, the final norm of rows `rows` and their
+    logits (len(rows), n_out). The same kernels, in the same order, as model.py's step-by-step path."""
+    dim = attn_norm.shape[1]
+    x = np.empty((ids.shape[0], dim), np.float32)
+    embed_rows(table, ids, x)
+    forward_layers(x, attn_norm, wqkv, wo, ffn_norm, w13, w2, k_cache, v_cache, pos, slot, cos, sin,
+                   n_heads, n_kv_heads, head_dim, ffn_dim, eps, scale, nth)
+    xr = np.empty((rows.shape[0], dim), np.float32)
+    for i in range(rows.shape[0]):
+        xr[i] = x[rows[i]]
+    hn = np.empty((rows.shape[0], dim), np.float32)
+    rmsnorm(xr, norm, eps, hn)
+    logits = np.empty((rows.shape[0], n_out), np.float32)
+    mm_out(hn, w_out, n_out, logits, nth)
+    return logits
