@@ -199,12 +199,18 @@ def _c_array(a, *dtypes):
     return isinstance(a, types.Array) and a.layout == "C" and a.dtype in dtypes
 
 
-def _target_has_f16c(context) -> bool:
-    """Whether the compile target converts half -> float in hardware (the features are part of numba's
-    cache key, so a cached kernel always matches this choice). A generic x86-64 target has no F16C and
-    LLVM would lower `fpext half` there to a runtime call the JIT cannot resolve."""
+def target_has(context, feature: str) -> bool:
+    """Whether the compile target has a CPU feature ("f16c", "fma", "avx512f"). The features are part
+    of numba's cache key, so a cached kernel always matches this choice; NUMBA_CPU_NAME=generic
+    compiles with none of them."""
     feats = getattr(context.codegen(), "_tm_features", "") or ""
-    return "+f16c" in feats.split(",")
+    return f"+{feature}" in feats.split(",")
+
+
+def _target_has_f16c(context) -> bool:
+    """Whether the target converts half -> float in hardware. A generic x86-64 target has no F16C and
+    LLVM would lower `fpext half` there to a runtime call the JIT cannot resolve."""
+    return target_has(context, "f16c")
 
 
 def _widen_half_int(builder, h16):

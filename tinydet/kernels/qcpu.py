@@ -46,7 +46,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, models, overload, register_model
 
-from .cpu import chunk_range, split_chunks
+from .cpu import _c_array, _ptr, _splat, _widen_half, chunk_range, f16_to_f32, split_chunks, target_has
 
 LANES = 32  # outputs per panel of the native layout (decode's vector width)
 WIDE = 2 * LANES  # outputs per prefill job (two panels) and its vector width
@@ -68,21 +68,6 @@ _I32 = ir.IntType(32)
 
 def _vec(ty, n=LANES):
     return ir.VectorType(ty, n)
-
-
-def _splat_const(ty, value):
-    return ir.Constant(ty, [ir.Constant(ty.element, value)] * ty.count)
-
-
-def _elem_ptr(context, builder, aty, aval, idx, idx_ty, vty):
-    """Pointer (as vty*) to element `idx` (flat) of the C-contiguous array aval."""
-    ary = context.make_array(aty)(context, builder, aval)
-    i = context.cast(builder, idx, idx_ty, types.intp)
-    return builder.bitcast(builder.gep(ary.data, [i]), vty.as_pointer())
-
-
-def _is_c_array(a, dtype):
-    return isinstance(a, types.Array) and a.layout == "C" and a.dtype == dtype
 
 
 class _VecType(types.Type):
@@ -108,7 +93,7 @@ def _vector_ops(vt):
 
     @intrinsic
     def zero(typingctx):
-        return vt(), lambda context, builder, sig, args: _splat_const(lt, 0.0)
+        return vt(), lambda context, builder, sig, args: _splat(lt, 0.0)
 
     @intrinsic
     def splat(typingctx, x):
@@ -132,22 +117,22 @@ def _vector_ops(vt):
     @intrinsic
     def load(typingctx, arr, idx):
         """arr[idx : idx + n] (C-contiguous float32, flat index)."""
-        if not (_is_c_array(arr, types.float32) and isinstance(idx, types.Integer)):
+        if not (_c_array(arr, types.float32) and isinstance(idx, types.Integer)):
             return None
 
         def codegen(context, builder, sig, args):
-            return builder.load(_elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], lt), align=4)
+            return builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], lt), align=4)
 
         return vt(arr, idx), codegen
 
     @intrinsic
     def store(typingctx, arr, idx, v):
         """arr[idx : idx + n] = v (C-contiguous float32, flat index)."""
-        if not (_is_c_array(arr, types.float32) and isinstance(idx, types.Integer) and v == vt):
+        if not (_c_array(arr, types.float32) and isinstance(idx, types.Integer) and v == vt):
             return None
 
         def codegen(context, builder, sig, args):
-            builder.store(args[2], _elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], lt), align=4)
+            builder.store(args[2], _ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], lt), align=4)
             return context.get_dummy_value()
 
         return types.none(arr, idx, v), codegen
@@ -159,31 +144,6 @@ v_zero, v_splat, v_add, v_sub, v_mul, v_load, v_store = _vector_ops(_F32V)
 w_zero, w_splat, w_add, w_sub, w_mul, w_load, w_store = _vector_ops(_F32W)
 
 
-def _target_has_f16c(context) -> bool:
-    feats = getattr(context.codegen(), "_tm_features", "") or ""
-    return "+f16c" in feats.split(",")
-
-
-def _widen_half(builder, h16, context=None):
-    """<LANES x i16> fp16 bits -> <LANES x float>, exactly. Where the compile target has F16C, by the
-    hardware conversion (one instruction per 16 lanes); otherwise by the integer widening of
-    cpu.f16_to_f32 (exponent and mantissa shifted into place are the value times 2**-112, restored by
-    one exact multiply; inf/NaN get the all-ones exponent; the sign is or-ed back). The two agree on
-    every fp16 value but signaling NaNs (F16C quiets them), which qpack never stores as fp16 bits."""
-    if context is not None and _target_has_f16c(context):
-        n = h16.type.count
-        return builder.fpext(builder.bitcast(h16, ir.VectorType(ir.HalfType(), n)), _vec(_F, n))
-    vi = _vec(_I32)
-    h = builder.zext(h16, vi)
-    em = builder.shl(builder.and_(h, _splat_const(vi, 0x7FFF)), _splat_const(vi, 13))
-    scaled = builder.fmul(builder.bitcast(em, _vec(_F)), _splat_const(_vec(_F), 5.192296858534828e33))
-    bits = builder.bitcast(scaled, vi)
-    special = builder.icmp_unsigned("==", builder.and_(h, _splat_const(vi, 0x7C00)), _splat_const(vi, 0x7C00))
-    bits = builder.select(special, builder.or_(em, _splat_const(vi, 0x7F800000)), bits)
-    sign = builder.shl(builder.and_(h, _splat_const(vi, 0x8000)), _splat_const(vi, 16))
-    return builder.bitcast(builder.or_(bits, sign), _vec(_F))
-
-
 @intrinsic
 def v_scale(typingctx, arr, idx):
     """LANES scales from arr[idx:]: fp16 bits (uint16) widened exactly, or float32 as stored."""
@@ -191,12 +151,12 @@ def v_scale(typingctx, arr, idx):
         return None
     if arr.dtype == types.float32:
         def codegen(context, builder, sig, args):
-            ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], _vec(_F))
+            ptr = _ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], _vec(_F))
             return builder.load(ptr, align=4)
     elif arr.dtype == types.uint16:
         def codegen(context, builder, sig, args):
-            ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], _vec(ir.IntType(16)))
-            return _widen_half(builder, builder.load(ptr, align=2), context)
+            ptr = _ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], _vec(ir.IntType(16)))
+            return _widen_half(context, builder, builder.load(ptr, align=2))  # F16C or integer: exact
     else:
         return None
     return _F32V(arr, idx), codegen
@@ -205,21 +165,14 @@ def v_scale(typingctx, arr, idx):
 @intrinsic
 def v_q8(typingctx, arr, idx):
     """LANES int8 quants from arr[idx:] as float32 (exact)."""
-    if not (_is_c_array(arr, types.int8) and isinstance(idx, types.Integer)):
+    if not (_c_array(arr, types.int8) and isinstance(idx, types.Integer)):
         return None
 
     def codegen(context, builder, sig, args):
-        ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], _vec(ir.IntType(8)))
+        ptr = _ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], _vec(ir.IntType(8)))
         return builder.sitofp(builder.sext(builder.load(ptr, align=1), _vec(_I32)), _vec(_F))
 
     return _F32V(arr, idx), codegen
-
-
-def _target_has_avx512f(context) -> bool:
-    """Whether the compile target has AVX-512F (the features are part of numba's cache key, so a cached
-    kernel always matches this choice; NUMBA_CPU_NAME=generic compiles with no extra features)."""
-    feats = getattr(context.codegen(), "_tm_features", "") or ""
-    return "+avx512f" in feats.split(",")
 
 
 def _permvar_table(builder, idx, table):
@@ -245,33 +198,28 @@ def _permvar_table(builder, idx, table):
 
 def _nibble(minus8: bool):
     def impl(typingctx, arr, idx, shift):
-        if not (_is_c_array(arr, types.uint32) and isinstance(idx, types.Integer)
+        if not (_c_array(arr, types.uint32) and isinstance(idx, types.Integer)
                 and isinstance(shift, types.Integer)):
             return None
 
         def codegen(context, builder, sig, args):
             vi = _vec(_I32)
-            ptr = _elem_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], vi)
+            ptr = _ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], vi)
             sh = context.cast(builder, args[2], sig.args[2], types.uint32)
             shv = builder.insert_element(ir.Constant(vi, ir.Undefined), sh, ir.Constant(_I32, 0))
             shv = builder.shuffle_vector(shv, ir.Constant(vi, ir.Undefined), ir.Constant(vi, [0] * LANES))
             word = builder.lshr(builder.load(ptr, align=4), shv)
-            if _target_has_avx512f(context) and LANES % 16 == 0:
+            if target_has(context, "avx512f") and LANES % 16 == 0:
                 # one permute instead of mask + convert (the kernel is compute-bound: ~9% faster)
                 return _permvar_table(builder, word, [q - 8 if minus8 else q for q in range(16)])
-            q = builder.and_(word, _splat_const(vi, 15))
+            q = builder.and_(word, _splat(vi, 15))
             if minus8:
-                q = builder.sub(q, _splat_const(vi, 8))
+                q = builder.sub(q, _splat(vi, 8))
             return builder.sitofp(q, _vec(_F))
 
         return _F32V(arr, idx, shift), codegen
 
     return intrinsic(impl)
-
-
-def _target_has_fma(context) -> bool:
-    feats = getattr(context.codegen(), "_tm_features", "") or ""
-    return "+fma" in feats.split(",")
 
 
 @intrinsic
@@ -286,7 +234,7 @@ def v_dq_add(typingctx, d, q, m):
 
     def codegen(context, builder, sig, args):
         a, b, c = args
-        if _target_has_fma(context):
+        if target_has(context, "fma"):
             vt = _vec(_F)
             name = f"llvm.fma.v{LANES}f32"
             fn = builder.module.globals.get(name) or ir.Function(builder.module, ir.FunctionType(vt, [vt, vt, vt]), name)
@@ -734,31 +682,6 @@ def qmatmul(x, qp, n_out, out, res=None):
 # ---------------------------------------------------------------------------------------------------
 # Embedding rows straight from the packed table.
 
-@intrinsic
-def _u32_as_f32(typingctx, x):
-    if not isinstance(x, types.Integer):
-        return None
-    return types.float32(types.uint32), lambda context, builder, sig, args: builder.bitcast(args[0], _F)
-
-
-@intrinsic
-def _f32_as_u32(typingctx, x):
-    if not isinstance(x, types.Float):
-        return None
-    return types.uint32(types.float32), lambda context, builder, sig, args: builder.bitcast(args[0], _I32)
-
-
-@njit(cache=True)
-def _half(h):
-    """fp16 bits -> float32 exactly (the scalar form of _widen_half)."""
-    h = np.uint32(h)
-    em = (h & np.uint32(0x7FFF)) << np.uint32(13)
-    bits = _f32_as_u32(_u32_as_f32(em) * np.float32(5.192296858534828e33))
-    if (h & np.uint32(0x7C00)) == np.uint32(0x7C00):
-        bits = em | np.uint32(0x7F800000)
-    return _u32_as_f32(bits | ((h & np.uint32(0x8000)) << np.uint32(16)))
-
-
 def s_scale(v):
     """A packed scale -> float32 (fp16 bits widened exactly, float32 as stored)."""
 
@@ -768,7 +691,7 @@ def _s_scale(v):
     if v == types.float32:
         return lambda v: v
     if v == types.uint16:
-        return lambda v: _half(v)
+        return lambda v: f16_to_f32(v)
     return None
 
 
