@@ -76,10 +76,8 @@ class Worker:
 
 class TinydetWorker(Worker):
     def __init__(self, model: str, dtype: str, threads: int):
-        import numpy as np
         import tinydet
 
-        self.np = np
         self.model = tinydet.load(model, dtype=dtype, threads=threads)
         self.tr = self.model.transformer
         self.threads = threads
@@ -89,18 +87,9 @@ class TinydetWorker(Worker):
         return self.model.tokenize(text)
 
     def run(self, ids: list[int], new_tokens: int):
-        np, tr, th = self.np, self.tr, self.threads
-        cache = tr.new_cache(len(ids) + new_tokens)
-        out = []
-        t0 = time.perf_counter()
-        tok = int(np.argmax(tr.forward(ids, cache, threads=th)[0]))
-        t1 = time.perf_counter()
-        for _ in range(new_tokens):
-            out.append(tok)
-            tok = int(np.argmax(tr.forward([tok], cache, threads=th)[0]))
-        t2 = time.perf_counter()
-        out.append(tok)
-        return t0, t1, t2, out
+        from tinydet.bench import timed_greedy
+
+        return timed_greedy(self.tr, ids, new_tokens, self.threads)
 
     def info(self) -> dict:
         import numba

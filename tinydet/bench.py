@@ -72,6 +72,24 @@ def bench_prompt(vocab_size: int, n: int, bos_id: int | None = None) -> list[int
     return ids
 
 
+def timed_greedy(tr, prompt: list[int], new_tokens: int, threads: int) -> tuple[float, float, float, list[int]]:
+    """One timed run from an empty KV cache: a forward over `prompt` and the greedy pick of the first
+    new token (prefill, t0..t1), then `new_tokens` single-token forwards, each with a greedy pick
+    (decode, t1..t2). Returns (t0, t1, t2, the new_tokens + 1 ids picked). `bench/compare.py` times
+    tinydet with this too."""
+    cache = tr.new_cache(len(prompt) + new_tokens)
+    out = []
+    t0 = time.perf_counter()
+    tok = int(np.argmax(tr.forward(prompt, cache, threads=threads)[0]))  # ties go to the lower id, as in sampling
+    t1 = time.perf_counter()
+    for _ in range(new_tokens):
+        out.append(tok)
+        tok = int(np.argmax(tr.forward([tok], cache, threads=threads)[0]))
+    t2 = time.perf_counter()
+    out.append(tok)
+    return t0, t1, t2, out
+
+
 def bench(model, prompt_tokens: int = 128, new_tokens: int = 64, repeats: int = 3, *, dtype: str = "fp32",
           threads: int | None = None, load_seconds: float | None = None,
           rss_before_load: int | None = None) -> dict[str, Any]:
@@ -121,26 +139,13 @@ def bench(model, prompt_tokens: int = 128, new_tokens: int = 64, repeats: int = 
     prompt = bench_prompt(cfg.vocab_size, prompt_tokens, model.tokenizer.bos_id)
     th = model.threads
 
-    def run(out: list[int]) -> tuple[float, float, float]:
-        cache = tr.new_cache(total)
-        t0 = time.perf_counter()
-        logits = tr.forward(prompt, cache, threads=th)
-        tok = int(np.argmax(logits[0]))  # greedy; ties go to the lower id, as in tinydet's sampler
-        t1 = time.perf_counter()
-        for _ in range(new_tokens):
-            out.append(tok)
-            tok = int(np.argmax(tr.forward([tok], cache, threads=th)[0]))
-        t2 = time.perf_counter()
-        out.append(tok)
-        return t0, t1, t2
-
-    t0, _, t2 = run([])  # warm-up: the same pass once, to compile or load every kernel it uses
+    t0, _, t2, _ = timed_greedy(tr, prompt, new_tokens, th)  # warm-up: compiles or loads every kernel
     warmup_s = t2 - t0
 
     prefill, decode, first, outputs = [], [], [], []
     for _ in range(repeats):
-        outputs.append([])
-        t0, t1, t2 = run(outputs[-1])
+        t0, t1, t2, ids = timed_greedy(tr, prompt, new_tokens, th)
+        outputs.append(ids)
         first.append(t1 - t0)
         prefill.append(prompt_tokens / (t1 - t0))
         decode.append(new_tokens / (t2 - t1))

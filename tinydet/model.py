@@ -102,6 +102,17 @@ def _pack_float(parts: list, dtype: str, out: np.ndarray | None = None) -> np.nd
     return out
 
 
+def _pack_stack(per_layer: list[list], dtype: str) -> np.ndarray:
+    """One matrix kind as float panels stacked over layers (L, P, K, 64), each layer packed in place
+    (`_pack_float`) from its parts."""
+    n, k = sum(w.shape[0] for w in per_layer[0]), per_layer[0][0].shape[1]
+    stack = cpu.aligned_empty((len(per_layer), -(-n // cpu.PANEL), k, cpu.PANEL),
+                              np.uint16 if dtype == "fp16" else np.float32)
+    for i, parts in enumerate(per_layer):
+        _pack_float(parts, dtype, stack[i])
+    return stack
+
+
 def _native_kind(per_layer: list[list]) -> tuple:
     """One matrix kind in native storage, from its parts per layer (RawTensor or float32 arrays, to
     be concatenated by rows). Returns (the stack for `forward.forward_layers`, one matrix per layer):
@@ -119,15 +130,15 @@ def _native_kind(per_layer: list[list]) -> tuple:
                 for i in range(len(per_layer))]
         _done(per_layer)
         return (st.qs, st.d, st.m), mats
-    if kind == F16:
+    if kind == F16:  # the file's fp16 bits, moved as they are
         def bits(p):
             b = p.data.view("<u2").reshape(p.shape)
             return b if p.row_order is None else b[p.row_order]
-        pack = lambda parts: cpu.pack_panels(np.concatenate([bits(p) for p in parts]).view(np.uint16))  # noqa: E731
+        st = _stack([cpu.pack_panels(np.concatenate([bits(p) for p in parts]).view(np.uint16))
+                     for parts in per_layer])
+        _done(per_layer)
     else:
-        pack = lambda parts: cpu.pack_panels(np.concatenate([_f32(p) for p in parts]))  # noqa: E731
-    st = _stack([pack(parts) for parts in per_layer])
-    _done(per_layer)
+        st = _pack_stack(per_layer, "fp32")
     return st, list(st)
 
 
@@ -197,11 +208,8 @@ class Transformer:
                                       for i in range(cfg.n_layers)]) for name in ("attn_norm", "ffn_norm")}
 
     def _init_float(self, cfg: Config, weights: dict, kinds, dtype: str) -> None:
-        def packed(parts, out=None):
-            return _pack_float(parts, dtype, out)
-
         emb = weights["tok_embeddings"]
-        self.output = packed([weights["output"]])  # (ceil(vocab/64), dim, 64), aligned
+        self.output = _pack_float([weights["output"]], dtype)  # (ceil(vocab/64), dim, 64), aligned
         if weights["output"] is emb:
             self.tok_embeddings = None  # tied: rows are read from the output panels (same values)
         else:
@@ -213,14 +221,9 @@ class Transformer:
         # layers hold views into the stacks.
         self._mats = {}
         for name, parts in kinds:
-            ws = [[weights[f"layers.{i}.{n}"] for n in parts] for i in range(cfg.n_layers)]
-            n, k = sum(w.shape[0] for w in ws[0]), ws[0][0].shape[1]
-            stack = cpu.aligned_empty((cfg.n_layers, -(-n // cpu.PANEL), k, cpu.PANEL),
-                                      np.uint16 if dtype == "fp16" else np.float32)
-            for i in range(cfg.n_layers):
-                packed(ws[i], stack[i])
-            self._stacks[name] = stack
-            self._mats[name] = list(stack)
+            self._stacks[name] = _pack_stack([[weights[f"layers.{i}.{n}"] for n in parts]
+                                              for i in range(cfg.n_layers)], dtype)
+            self._mats[name] = list(self._stacks[name])
 
     def _init_native(self, cfg: Config, weights: dict, kinds) -> None:
         self._norms(cfg, weights)
