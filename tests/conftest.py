@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import tinydet  # first: sizes numba's thread pool before anything imports numba
-from tinydet.api import file_sha256 as sha256_file
+from tinydet.hashing import file_sha256 as sha256_file
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_MODELS = Path(os.environ.get("TINYDET_SHARED_MODELS", ROOT.parent / "shared" / "models"))

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 
 import tinydet
-from tinydet.generate import hash_ids, hash_logits
+from tinydet.hashing import hash_ids, hash_logits
 
 # llama2.c's `run` with steps=256 feeds BOS at position 0 and prints the token chosen after each of the
 # 256 forward passes, so the published text holds 256 new tokens, then its closing "\n".

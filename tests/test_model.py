@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tinydet.generate import hash_logits
+from tinydet.hashing import hash_logits
 
 from reference import ReferenceModel
 

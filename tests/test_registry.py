@@ -431,8 +431,8 @@ def pulled(isolated, server) -> Path:
 
 def count_hashes(monkeypatch) -> list:
     calls = []
-    real = registry._sha256_file
-    monkeypatch.setattr(registry, "_sha256_file", lambda p: calls.append(p) or real(p))
+    real = registry.file_sha256
+    monkeypatch.setattr(registry, "file_sha256", lambda p: calls.append(p) or real(p))
     return calls
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -18,6 +17,7 @@ from .config import config_from_gguf
 from .errors import ModelFormatError, TinydetError
 from .generate import Generation, Request, SequenceState, check_context, generate, generate_batch, stream_generate
 from .gguf import GGUFFile
+from .hashing import file_sha256, hash_ids
 from .model import DTYPES, Transformer
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
@@ -39,20 +39,6 @@ def check_threads(threads: int | None) -> int:
     if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= limit:
         raise TinydetError(f"threads: expected an integer from 1 to {limit} (NUMBA_NUM_THREADS), found {threads!r}")
     return threads
-
-
-def file_sha256(path: Path) -> str:
-    """SHA-256 of a file; of a directory, SHA-256 over "name<TAB>sha256" lines of its files, sorted."""
-    path = Path(path)
-    if path.is_dir():
-        lines = [f"{p.relative_to(path).as_posix()}\t{file_sha256(p)}\n"
-                 for p in sorted(path.rglob("*")) if p.is_file()]
-        return hashlib.sha256("".join(lines).encode()).hexdigest()
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class Model:
@@ -123,7 +109,6 @@ class Model:
         if self.log is None:
             return
         from . import __version__
-        from .generate import hash_ids
 
         record = {
             "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),

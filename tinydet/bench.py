@@ -118,7 +118,7 @@ def bench(model, prompt_tokens: int = 128, new_tokens: int = 64, repeats: int = 
     """
     from . import __version__
     from .api import Model, load
-    from .generate import hash_ids
+    from .hashing import hash_ids
 
     prompt_tokens = _positive_int("prompt_tokens", prompt_tokens)
     new_tokens = _positive_int("new_tokens", new_tokens)

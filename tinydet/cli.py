@@ -194,7 +194,7 @@ def _short(v) -> str:
 @cli_errors
 def info(model_name, verify):
     """Print a model file's SHA-256, metadata, configuration and a tensor summary."""
-    from .api import file_sha256
+    from .hashing import file_sha256
     from .config import config_from_gguf
     from .gguf import GGUFFile
     from .registry import resolve_model, verify_file

