@@ -25,9 +25,9 @@ import numpy as np
 import tinydet  # noqa: F401,I001  (first: sizes numba's thread pool)
 import numba  # noqa: E402
 from tinydet import qpack
-from tinydet.gguf import GGML_TYPES
+from tinydet.formats.ggml import GGML_TYPES
 from tinydet.kernels import cpu, qcpu
-from tinydet.quants import dequantize
+from tinydet.formats.dequant import dequantize
 
 # (name, rows N, row length K, uses per token in SmolLM2-135M: 30 layers, output once)
 SHAPES = [("qkv", 960, 576, 30), ("wo", 576, 576, 30), ("w13", 3072, 576, 30), ("w2", 576, 1536, 30),

@@ -77,7 +77,7 @@ def build(metadata: dict, tensors: list[tuple[str, tuple[int, ...], int, bytes]]
 
 def rewrite(src, metadata_edits: dict | None = None, drop_keys=(), tensor_edits=None, version: int = 3) -> bytes:
     """Copy a GGUF read with tinydet's reader, changing metadata and tensors on the way."""
-    from tinydet.gguf import GGUFFile
+    from tinydet.formats.gguf import GGUFFile
 
     g = GGUFFile(src)
     meta = {}

@@ -138,13 +138,10 @@ def test_fp16_files_round_once(converted, gguf_models):
     keeps the norms float32, which is what tinydet's fp16 mode stores."""
     from safetensors import safe_open
 
-    from tinydet.gguf import GGUFFile
-    from tinydet.config import config_from_gguf
-    from tinydet.weights import load_gguf_weights
+    from tinydet.formats.gguf_model import open_gguf
 
     d = converted("stories", "fp16")
-    g = GGUFFile(gguf_models("stories").path)
-    w = load_gguf_weights(g, config_from_gguf(g))
+    w = open_gguf(gguf_models("stories").path).tensors
     with safe_open(str(d / "model.safetensors"), framework="numpy") as f:
         emb = f.get_tensor("model.embed_tokens.weight")
         q = f.get_tensor("model.layers.2.self_attn.q_proj.weight")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tinydet.errors import ModelFormatError
-from tinydet.gguf import GGUFFile
+from tinydet.formats.gguf import GGUFFile
 
 import ggufgen as G
 
@@ -148,7 +148,7 @@ def test_duplicate_key(tmp_path):
 
 def test_release_keeps_bytes_readable(stories_path):
     """Dropping a tensor's pages after use is advice only: its bytes read back the same."""
-    from tinydet.gguf import GGUFFile
+    from tinydet.formats.gguf import GGUFFile
 
     g = GGUFFile(stories_path)
     name = "blk.0.ffn_up.weight"

@@ -1,4 +1,4 @@
-"""Hugging Face directories (tinydet/hf.py): every bad input is a one-line ModelFormatError naming the
+"""Hugging Face directories (tinydet/formats/hf_dir.py, safetensors.py): every bad input is a one-line ModelFormatError naming the
 file and the field; BF16 is widened exactly; a sharded checkpoint loads bit for bit like one file.
 
 The broken directories are copies of stories260K converted by tinydet.convert (1 MB, fast)."""
@@ -15,7 +15,8 @@ import pytest
 import tinydet
 from tinydet.convert import convert_gguf_to_hf
 from tinydet.errors import ModelFormatError
-from tinydet.hf import SafetensorsFile, bf16_to_f32, load_hf_dir
+from tinydet.formats.hf_dir import open_hf_dir
+from tinydet.formats.safetensors import SafetensorsFile, bf16_to_f32
 
 PROMPT_IDS = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396,
               385, 273, 374, 268, 261, 352, 359, 266, 370, 331, 290, 414, 306, 366, 263]
@@ -28,7 +29,7 @@ def stories_dir(tmp_path_factory, stories_path):
 
 @pytest.fixture(scope="module")
 def stories_loaded(stories_dir):
-    return load_hf_dir(stories_dir)
+    return open_hf_dir(stories_dir)
 
 
 @pytest.fixture
@@ -67,7 +68,7 @@ def edit_config(d, **changes):
     return p
 
 
-def expect_error(d, *parts, file=None, loader=load_hf_dir):
+def expect_error(d, *parts, file=None, loader=open_hf_dir):
     """Loading `d` raises a one-line ModelFormatError naming `file` (default: d) and each of `parts`."""
     with pytest.raises(ModelFormatError) as ei:
         loader(d)
@@ -86,11 +87,11 @@ def uint32(a):
 # -- the good directory --------------------------------------------------------------------------------
 
 def test_loads_like_the_gguf(stories_dir, stories_loaded, stories_models):
-    cfg, weights, tok, meta = stories_loaded
+    cfg, weights, tok, meta = stories_loaded.config, stories_loaded.tensors, stories_loaded.tokenizer, stories_loaded.metadata
     gguf = stories_models["fp32"]
     assert cfg == gguf.config
     assert meta["format"] == "huggingface" and meta["config"]["model_type"] == "llama"
-    assert all(w.dtype == np.float32 for w in weights.values())
+    assert all(np.asarray(w).dtype == np.float32 for w in weights.values())
     assert (tok.bos_id, tok.eos_ids, tok.add_bos, tok.add_eos) == (1, (2,), True, False)
     m = tinydet.load(stories_dir)
     assert m.tokenize("Once upon a time") == gguf.tokenize("Once upon a time")
@@ -99,7 +100,7 @@ def test_loads_like_the_gguf(stories_dir, stories_loaded, stories_models):
 
 def test_progress(stories_dir):
     calls = []
-    load_hf_dir(stories_dir, progress=lambda done, total, name: calls.append((done, total, name)))
+    open_hf_dir(stories_dir, progress=lambda done, total, name: calls.append((done, total, name)))
     total = 3 + 9 * 5
     assert calls[0] == (0, total, "model.embed_tokens.weight")
     assert calls[-1] == (total, total, "")
@@ -130,9 +131,9 @@ def test_config_defaults(model_dir, stories_loaded):
     """num_key_value_heads defaults to the head count and rope_theta to 10000; transformers 5's
     rope_parameters is read too."""
     edit_config(model_dir, rope_theta=..., rope_scaling=..., head_dim=...)
-    assert load_hf_dir(model_dir)[0] == stories_loaded[0]
+    assert open_hf_dir(model_dir).config == stories_loaded.config
     edit_config(model_dir, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
-    assert load_hf_dir(model_dir)[0] == stories_loaded[0]
+    assert open_hf_dir(model_dir).config == stories_loaded.config
     edit_config(model_dir, num_key_value_heads=...)
     expect_error(model_dir, "model.layers.0.self_attn.k_proj.weight", "(64, 64)", "(32, 64)",
                  file=model_dir / "model.safetensors")
@@ -191,9 +192,9 @@ def test_lm_head_missing_without_tie(model_dir, stories_loaded):
     p = _rewrite_tensors(model_dir, lambda t: t.pop("lm_head.weight"))
     expect_error(model_dir, "lm_head.weight", "tie_word_embeddings is false", file=p)
     edit_config(model_dir, tie_word_embeddings=True)
-    w = load_hf_dir(model_dir)[1]
+    w = open_hf_dir(model_dir).tensors
     assert w["output"] is w["tok_embeddings"]
-    assert np.array_equal(w["output"], stories_loaded[1]["tok_embeddings"])
+    assert np.array_equal(w["output"], stories_loaded.tensors["tok_embeddings"])
 
 
 def test_unexpected_tensor(model_dir):
@@ -344,7 +345,7 @@ def test_bf16_checkpoint(model_dir, stories_loaded):
         chunks.append(raw)
         pos += len(raw)
     write_st(p, new_header, b"".join(chunks))
-    cfg, w, _, _ = load_hf_dir(model_dir)
+    w = open_hf_dir(model_dir).tensors
     names = {"tok_embeddings": "model.embed_tokens.weight", "layers.2.wk": "model.layers.2.self_attn.k_proj.weight",
              "layers.4.ffn_norm": "model.layers.4.post_attention_layernorm.weight", "output": "lm_head.weight"}
     for canon, hf in names.items():
@@ -376,9 +377,10 @@ def _shard(d):
 
 def test_sharded_loads_bit_identically(model_dir, stories_loaded, stories_models):
     _shard(model_dir)
-    cfg, w, _, meta = load_hf_dir(model_dir)
-    assert cfg == stories_loaded[0] and len(meta["files"]) == 2
-    ref = stories_loaded[1]
+    ck = open_hf_dir(model_dir)
+    cfg, w, meta = ck.config, ck.tensors, ck.metadata
+    assert cfg == stories_loaded.config and len(meta["files"]) == 2
+    ref = stories_loaded.tensors
     assert w.keys() == ref.keys()
     for k in ref:
         assert np.array_equal(uint32(w[k]), uint32(ref[k])), k
@@ -437,17 +439,17 @@ def test_tokenizer_config_variants(model_dir):
     tc["chat_template"] = [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]
     p.write_text(json.dumps(tc))
     (model_dir / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": [2, 0]}))
-    tok = load_hf_dir(model_dir)[2]
+    tok = open_hf_dir(model_dir).tokenizer
     assert (tok.bos_id, tok.eos_ids, tok.chat_template) == (1, (2, 0), "D")
     # Without add_bos_token, what tokenizer.json's post-processor does decides (it adds <s>).
     del tc["add_bos_token"]
     tc["chat_template"] = "{{ messages }}"
     p.write_text(json.dumps(tc))
-    tok = load_hf_dir(model_dir)[2]
+    tok = open_hf_dir(model_dir).tokenizer
     assert tok.add_bos and tok.encode("hi")[0] == 1 and tok.chat_template == "{{ messages }}"
     tc["add_bos_token"] = False
     p.write_text(json.dumps(tc))
-    assert load_hf_dir(model_dir)[2].encode("hi")[0] != 1
+    assert open_hf_dir(model_dir).tokenizer.encode("hi")[0] != 1
 
 
 @pytest.mark.parametrize("key, value, parts", [

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 from tinydet import qpack
-from tinydet.gguf import GGML_TYPE_IDS, GGML_TYPES, GGUFFile
+from tinydet.formats.ggml import GGML_TYPE_IDS, GGML_TYPES
+from tinydet.formats.gguf import GGUFFile
+from tinydet.formats.gguf_model import rope_row_order
 from tinydet.kernels import cpu, qcpu
-from tinydet.quants import dequantize
-from tinydet.weights import unpermute_rope_rows
+from tinydet.formats.dequant import dequantize
 
 NATIVE = ["Q8_0", "Q4_0", "Q4_1"]
 SHAPES = [(200, 576), (576, 1536), (100, 96)]  # (100, 96): partial panel, K not a multiple of 64
@@ -181,10 +182,22 @@ def test_every_quant_value_and_sign_is_exact():
 
 # --- 2. layout: permutation, concatenation, stacking, embedding --------------------------------------------
 
+def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """convert_hf_to_gguf.py's LlamaModel.permute: HF's rotate-half rows -> llama.cpp's adjacent pairs."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """GGUF's Q/K rows back to HF's order (the inverse of llama_cpp_permute), moving rows only."""
+    n, k = w.shape
+    return np.ascontiguousarray(w.reshape(n_heads, n // n_heads // 2, 2, k).swapaxes(1, 2).reshape(n, k))
+
+
 def test_rope_row_order_is_unpermute_rope_rows():
     for n, heads in ((576, 9), (192, 3), (64, 1), (256, 4)):
         w = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
-        assert np.array_equal(w[qpack.rope_row_order(n, heads)], unpermute_rope_rows(w, heads))
+        assert np.array_equal(w[rope_row_order(n, heads)], unpermute_rope_rows(w, heads))
+        assert np.array_equal(llama_cpp_permute(w, heads)[rope_row_order(n, heads)], w)
 
 
 @pytest.mark.parametrize("name", NATIVE)
@@ -197,8 +210,8 @@ def test_pack_parts_equals_packing_the_permuted_concatenation(name, restore_thre
     raw_q = random_blocks(name, q_rows, k, seed=11)
     raw_k = random_blocks(name, kv_rows, k, seed=12)
     raw_v = random_blocks(name, kv_rows, k, seed=13)
-    qp = qpack.pack_parts([(raw_q, qpack.rope_row_order(q_rows, 6), tid),
-                           (raw_k, qpack.rope_row_order(kv_rows, 2), tid), (raw_v, None, tid)], tid, k)
+    qp = qpack.pack_parts([(raw_q, rope_row_order(q_rows, 6), tid),
+                           (raw_k, rope_row_order(kv_rows, 2), tid), (raw_v, None, tid)], tid, k)
     w = np.concatenate([unpermute_rope_rows(dequantize(raw_q, tid, (q_rows, k)), 6),
                         unpermute_rope_rows(dequantize(raw_k, tid, (kv_rows, k)), 2),
                         dequantize(raw_v, tid, (kv_rows, k))])
@@ -212,7 +225,7 @@ def test_pack_parts_equals_packing_the_permuted_concatenation(name, restore_thre
         for T in (1, 7):
             assert_same_bits(native_product(x[:T], qp), fp32_product(x[:T], w), f"T={T} threads={threads}")
     # the same as packing once from the permuted raw rows, and a flat byte buffer is accepted
-    order = np.concatenate([qpack.rope_row_order(q_rows, 6), q_rows + qpack.rope_row_order(kv_rows, 2),
+    order = np.concatenate([rope_row_order(q_rows, 6), q_rows + rope_row_order(kv_rows, 2),
                             q_rows + kv_rows + np.arange(kv_rows)])
     whole = qpack.pack_quantized(np.concatenate([raw_q, raw_k, raw_v]).reshape(-1), tid, k, order)
     for a, b in ((qp.qs, whole.qs), (qp.d, whole.d), (qp.m, whole.m)):
@@ -368,8 +381,8 @@ def test_smollm_every_matrix_bit_identical(smollm_path, restore_threads):
         q_rows, kv_rows = info[blk + "attn_q.weight"].shape[0], info[blk + "attn_k.weight"].shape[0]
         tid = info[blk + "attn_q.weight"].ggml_type
         mats = {
-            "wqkv": (qpack.pack_parts([(raw(blk + "attn_q.weight"), qpack.rope_row_order(q_rows, n_heads)),
-                                       (raw(blk + "attn_k.weight"), qpack.rope_row_order(kv_rows, n_kv)),
+            "wqkv": (qpack.pack_parts([(raw(blk + "attn_q.weight"), rope_row_order(q_rows, n_heads)),
+                                       (raw(blk + "attn_k.weight"), rope_row_order(kv_rows, n_kv)),
                                        (raw(blk + "attn_v.weight"), None)], tid, dim),
                      lambda: np.concatenate([unpermute_rope_rows(deq(blk + "attn_q.weight"), n_heads),
                                              unpermute_rope_rows(deq(blk + "attn_k.weight"), n_kv),

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 import ggufgen as G
 import tinydet
 from tinydet.cli import main
-from tinydet.gguf import GGML_TYPE_IDS
+from tinydet.formats.ggml import GGML_TYPE_IDS
 from tinydet.trace import run_trace
 
 gguf = pytest.importorskip("gguf", reason="the gguf package (test extra) quantizes the test models")

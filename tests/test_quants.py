@@ -1,4 +1,4 @@
-"""tinydet.quants.dequantize: bit-exact against gguf-py, hand-derived blocks, input validation, real models."""
+"""tinydet.formats.dequant.dequantize: bit-exact against gguf-py, hand-derived blocks, input validation, real models."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import struct
 import numpy as np
 import pytest
 
-from tinydet.gguf import GGML_TYPE_IDS, GGML_TYPES, GGUFFile
-from tinydet.quants import SUPPORTED_TYPES, dequantize
+from tinydet.formats.ggml import GGML_TYPE_IDS, GGML_TYPES
+from tinydet.formats.gguf import GGUFFile
+from tinydet.formats.dequant import SUPPORTED_TYPES, dequantize
 
 ALL_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
 

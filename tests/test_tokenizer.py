@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from tinydet.errors import ModelFormatError
-from tinydet.gguf import GGUFFile
+from tinydet.formats.gguf import GGUFFile
 from tinydet.tokenizer import StreamDecoder, Tokenizer
 
 gguf = pytest.importorskip("gguf")

@@ -13,15 +13,13 @@ from typing import Callable, Iterator, Sequence
 import numba
 import numpy as np
 
-from .config import config_from_gguf
-from .errors import ModelFormatError, TinydetError
+from .errors import TinydetError
 from .generate import Generation, Request, SequenceState, check_context, generate, generate_batch, stream_generate
-from .gguf import GGUFFile
+from .formats import open_checkpoint
 from .hashing import file_sha256, hash_ids
 from .model import DTYPES, Transformer
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
-from .weights import load_gguf_weights
 
 
 def default_threads() -> int:
@@ -186,22 +184,6 @@ class Model:
             self._log(g)
 
 
-TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.scores",
-                    "tokenizer.ggml.token_type")
-
-
-def read_gguf_model(path: Path, progress=None, keep_matrices: bool = False):
-    """(GGUFFile, Config, Tokenizer, canonical weights) of a GGUF llama model: float32 arrays, or with
-    `keep_matrices` the matrices as the file stores them (see `load_gguf_weights`)."""
-    g = GGUFFile(path)
-    cfg = config_from_gguf(g)
-    tokenizer = Tokenizer.from_gguf_metadata(g.metadata, path)
-    if tokenizer.vocab_size > cfg.vocab_size:
-        raise ModelFormatError(path, "tokenizer.ggml.tokens",
-                               f"{tokenizer.vocab_size} tokens but the model has a vocabulary of {cfg.vocab_size}")
-    return g, cfg, tokenizer, load_gguf_weights(g, cfg, progress, keep_matrices)
-
-
 def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: int | None = None,
          progress: Callable[[int, int, str], None] | None = None, verify: bool = False,
          log: str | os.PathLike | None = None) -> Model:
@@ -212,19 +194,11 @@ def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: i
     inside the kernels: fp32's bits from a quarter to an eighth of its memory); `threads` defaults to the CPUs this process may use. `verify` re-hashes a known model's
     file even when the cache says it was checked. `log` names a file that gets one JSON line per request
     (time, request id, version, model SHA-256, prompt/output/logits hashes, settings, timings)."""
-    from .registry import DEFAULT_MODEL, resolve_model
+    from .registry import DEFAULT_MODEL
 
     if dtype not in DTYPES:
         raise TinydetError(f"dtype: expected one of {', '.join(DTYPES)}, found {dtype!r}")
     threads = check_threads(threads)
-    path = resolve_model(DEFAULT_MODEL if model is None else model, verify=verify)
-    if path.is_dir():
-        from .hf import load_hf_dir
-
-        cfg, weights, tokenizer, metadata = load_hf_dir(path, progress)
-    else:
-        g, cfg, tokenizer, weights = read_gguf_model(path, progress, keep_matrices=True)
-        # The vocabulary arrays live on in the tokenizer; keeping them twice would cost ~10 MB.
-        metadata = {k: v for k, v in g.metadata.items() if not k.startswith(TOKENIZER_ARRAYS)}
-    transformer = Transformer(cfg, weights, dtype)
-    return Model(path, transformer, tokenizer, metadata, threads, log)
+    ck = open_checkpoint(DEFAULT_MODEL if model is None else model, progress, verify=verify)
+    transformer = Transformer(ck.config, ck.tensors, dtype)
+    return Model(ck.path, transformer, ck.tokenizer, ck.metadata, threads, log)

@@ -193,46 +193,36 @@ def _short(v) -> str:
 @click.option("--verify", is_flag=True, help="Check the file against the known models' SHA-256.")
 @cli_errors
 def info(model_name, verify):
-    """Print a model file's SHA-256, metadata, configuration and a tensor summary."""
+    """Print a model's SHA-256, metadata, configuration and a tensor summary."""
+    from .formats import open_checkpoint
     from .hashing import file_sha256
-    from .config import config_from_gguf
-    from .gguf import GGUFFile
     from .registry import resolve_model, verify_file
 
     path = resolve_model(model_name, verify=verify)
-    if path.is_dir():
-        from .hf import load_hf_dir
-
-        cfg, _, _, _ = load_hf_dir(path)
-        click.echo(f"directory: {path}")
-        for k, v in vars(cfg).items():
-            click.echo(f"  {k} = {v}")
-        return
-    g = GGUFFile(path)
-    click.echo(f"file: {g.path}")
-    if verify:
+    ck = open_checkpoint(path)
+    click.echo(f"{'directory' if ck.format == 'huggingface' else 'file'}: {ck.path}")
+    if verify and path.is_file():
         digest, known, ok = verify_file(path)
         status = "not a known model" if known is None else (f"matches {known}" if ok else f"DOES NOT match {known}")
         click.echo(f"sha256: {digest} ({status})")
         if ok is False:
             raise TinydetError(f"{path}: sha256: does not match the manifest of {known}")
     else:
-        click.echo(f"sha256: {file_sha256(g.path)}")
-    click.echo(f"GGUF version {g.version}, {len(g.metadata)} metadata keys, {len(g.tensors)} tensors, "
-               f"alignment {g.alignment}")
+        click.echo(f"sha256: {file_sha256(ck.path)}")
+    click.echo(f"format {ck.format}, architecture {ck.arch.name}, {len(ck.stored)} tensors; tokenizer: "
+               f"{ck.tokenizer.vocab_size} tokens")
     click.echo("\nmetadata:")
-    for k, v in g.metadata.items():
+    meta = ck.metadata.get("config", {}) if ck.format == "huggingface" else ck.metadata
+    for k, v in meta.items():
         click.echo(f"  {k} = {_short(v)}")
     click.echo("\ntensors:")
-    by_type = Counter(t.type_name for t in g.tensors.values())
-    params = sum(t.n_elements for t in g.tensors.values())
-    nbytes = sum(t.nbytes for t in g.tensors.values())
-    click.echo(f"  {params:,} parameters in {nbytes:,} bytes; by type: "
-               + ", ".join(f"{n} {k}" for k, n in sorted(by_type.items())))
-    for t in g.tensors.values():
-        click.echo(f"  {t.name:<32} {t.type_name:<5} {str(t.shape):<16}")
+    by_type = Counter(t for _, t, _ in ck.stored)
+    params = sum(int(np.prod(shape, dtype=np.int64)) for _, _, shape in ck.stored)
+    click.echo(f"  {params:,} parameters; by type: " + ", ".join(f"{n} {k}" for k, n in sorted(by_type.items())))
+    for name, kind, shape in ck.stored:
+        click.echo(f"  {name:<32} {kind:<5} {str(shape):<16}")
     click.echo("\nconfig:")
-    for k, v in vars(config_from_gguf(g)).items():
+    for k, v in vars(ck.config).items():
         click.echo(f"  {k} = {v}")
 
 

@@ -1,17 +1,48 @@
-"""Model configuration: a frozen dataclass built from a file's own metadata."""
+"""Model configuration: a frozen dataclass of dimensions and feature flags, built from a file's own
+metadata by the format readers (`formats/`) with the flags its architecture sets (`arch/`).
+
+Llama is every flag off. The others, each understood by the kernels:
+  head_dim            a head dimension of its own (q_dim = n_heads * head_dim need not equal dim)
+  qkv_bias            q, k and v projections add a bias (Qwen2)
+  qk_norm             RMSNorm over each head of q and k before RoPE (Qwen3, Gemma 3)
+  post_norms          RMSNorm of the attention and of the FFN output before each residual add (Gemma)
+  activation          "silu" (SwiGLU) or "gelu_tanh" (GeGLU with the tanh approximation)
+  layer_windows       per layer: 0 for full causal attention, w for only the last w positions (sliding
+                      window: a row at position p attends to positions p - w + 1 .. p)
+  rope, layer_ropes   the RoPE of every layer, or one per layer (a base and scaling each)
+  attn_scale          the factor on q.k (default 1 / sqrt(head_dim))
+  embed_scale         a factor on the embedded tokens (Gemma: sqrt(dim), as a float32)
+  logit_softcap       final logits become cap * tanh(logits / cap) (Gemma 2/3)
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
+import math
+from dataclasses import dataclass, field
 
 from .errors import ModelFormatError
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+ACTIVATIONS = ("silu", "gelu_tanh")
+ROPE_SCALINGS = ("none", "linear", "llama3")
 
 
 @dataclass(frozen=True)
-class Config:
+class RoPE:
+    """Rotary position embedding: inverse frequencies base**(-2i/head_dim), then scaling:
+    "linear" divides every frequency by `factor`; "llama3" (Llama 3.1's) divides the low frequencies by
+    `factor`, keeps the high ones and blends in between, over `original_context` positions. The
+    backend computes the tables (`backends.cpu.rope`)."""
+
+    base: float = 10000.0
+    scaling: str = "none"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_context: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelConfig:
     arch: str
     n_layers: int
     dim: int
@@ -21,8 +52,18 @@ class Config:
     head_dim: int
     vocab_size: int
     context_length: int
-    rope_base: float
     rms_eps: float
+    rope: RoPE = field(default_factory=RoPE)
+    # feature flags (module docstring); Llama has all of them off
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    post_norms: bool = False
+    activation: str = "silu"
+    layer_windows: tuple[int, ...] = ()  # empty: every layer attends to every earlier position
+    layer_ropes: tuple[RoPE, ...] = ()  # empty: every layer uses `rope`
+    attn_scale: float | None = None
+    embed_scale: float | None = None
+    logit_softcap: float | None = None
 
     @property
     def q_dim(self) -> int:
@@ -32,84 +73,51 @@ class Config:
     def kv_dim(self) -> int:
         return self.n_kv_heads * self.head_dim
 
-    def validate(self, path, keys: dict[str, str] | None = None) -> "Config":
+    @property
+    def rope_base(self) -> float:
+        return self.rope.base
+
+    def window(self, layer: int) -> int:
+        """Positions layer `layer` attends to (0: all)."""
+        return self.layer_windows[layer] if self.layer_windows else 0
+
+    def rope_of(self, layer: int) -> RoPE:
+        return self.layer_ropes[layer] if self.layer_ropes else self.rope
+
+    def validate(self, path, keys: dict[str, str] | None = None) -> "ModelConfig":
         """Check the values make a runnable model; `keys` names each field as the file spells it."""
-        def bad(field, msg):
-            raise ModelFormatError(path, (keys or {}).get(field, field), msg)
+        def bad(name, msg):
+            raise ModelFormatError(path, (keys or {}).get(name, name), msg)
 
         for name in ("n_layers", "dim", "ffn_dim", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "context_length"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v <= 0:
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 bad(name, f"expected a positive integer, found {v!r}")
         if self.n_heads % self.n_kv_heads:
             bad("n_kv_heads", f"{self.n_kv_heads} KV heads do not divide {self.n_heads} query heads")
         if self.head_dim % 2:
             bad("head_dim", f"RoPE needs an even head dimension, found {self.head_dim}")
-        if not self.rope_base > 0:
-            bad("rope_base", f"expected a positive RoPE base, found {self.rope_base!r}")
         if not 0 < self.rms_eps < 1:
             bad("rms_eps", f"expected an RMSNorm epsilon in (0, 1), found {self.rms_eps!r}")
+        for i, r in enumerate((self.rope,) + self.layer_ropes):
+            name = "rope_base" if i == 0 else f"layer_ropes[{i - 1}]"
+            if not (isinstance(r.base, float) and math.isfinite(r.base) and r.base > 0):
+                bad(name, f"expected a positive RoPE base, found {r.base!r}")
+            if r.scaling not in ROPE_SCALINGS:
+                bad(name, f"RoPE scaling {r.scaling!r} is not supported (supported: {', '.join(ROPE_SCALINGS)})")
+            if r.scaling != "none" and not (math.isfinite(r.factor) and r.factor > 0):
+                bad(name, f"expected a positive RoPE scaling factor, found {r.factor!r}")
+            if r.scaling == "llama3" and not (r.original_context > 0 and r.high_freq_factor > r.low_freq_factor > 0):
+                bad(name, "llama3 RoPE scaling needs original_context > 0 and high_freq_factor > low_freq_factor > 0")
+        if self.activation not in ACTIVATIONS:
+            bad("activation", f"expected one of {', '.join(ACTIVATIONS)}, found {self.activation!r}")
+        for name, seq in (("layer_windows", self.layer_windows), ("layer_ropes", self.layer_ropes)):
+            if seq and len(seq) != self.n_layers:
+                bad(name, f"expected one entry per layer ({self.n_layers}), found {len(seq)}")
+        if any(not isinstance(w, int) or isinstance(w, bool) or w < 0 for w in self.layer_windows):
+            bad("layer_windows", f"expected integers >= 0, found {self.layer_windows!r}")
+        for name in ("attn_scale", "embed_scale", "logit_softcap"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, float) and math.isfinite(v) and v > 0):
+                bad(name, f"expected a positive number or none, found {v!r}")
         return self
-
-
-def config_from_gguf(gguf) -> Config:
-    """Build a Config from `{arch}.*` keys, with llama.cpp's defaults where a key is absent."""
-    path: Path = gguf.path
-    arch = gguf.require("general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelFormatError(path, "general.architecture",
-                               f"architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
-
-    def req_int(key):
-        v = gguf.require(f"{arch}.{key}")
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ModelFormatError(path, f"{arch}.{key}", f"expected an integer, found {v!r}")
-        return v
-
-    dim = req_int("embedding_length")
-    n_heads = req_int("attention.head_count")
-    n_kv = gguf.get(f"{arch}.attention.head_count_kv", n_heads)
-    if n_heads <= 0 or dim % n_heads:
-        raise ModelFormatError(path, f"{arch}.attention.head_count",
-                               f"{n_heads} heads do not divide embedding_length {dim}")
-    head_dim = dim // n_heads
-    key_len = gguf.get(f"{arch}.attention.key_length", head_dim)
-    if key_len != head_dim:
-        raise ModelFormatError(path, f"{arch}.attention.key_length",
-                               f"expected embedding_length / head_count = {head_dim}, found {key_len}")
-    rope_dim = gguf.get(f"{arch}.rope.dimension_count", head_dim)
-    if rope_dim != head_dim:
-        raise ModelFormatError(path, f"{arch}.rope.dimension_count",
-                               f"partial RoPE is not supported: expected {head_dim}, found {rope_dim}")
-    if gguf.get(f"{arch}.rope.scaling.type", "none") not in ("none",):
-        raise ModelFormatError(path, f"{arch}.rope.scaling.type",
-                               f"RoPE scaling {gguf.get(f'{arch}.rope.scaling.type')!r} is not supported")
-    tokens = gguf.get("tokenizer.ggml.tokens")
-    vocab = gguf.get(f"{arch}.vocab_size")
-    if vocab is None:
-        if "token_embd.weight" in gguf.tensors:
-            vocab = gguf.tensors["token_embd.weight"].shape[0]
-        elif tokens is not None:
-            vocab = len(tokens)
-        else:
-            raise ModelFormatError(path, f"{arch}.vocab_size", "missing, and no token_embd.weight to infer it from")
-    cfg = Config(
-        arch=arch,
-        n_layers=req_int("block_count"),
-        dim=dim,
-        ffn_dim=req_int("feed_forward_length"),
-        n_heads=n_heads,
-        n_kv_heads=n_kv,
-        head_dim=head_dim,
-        vocab_size=int(vocab),
-        context_length=req_int("context_length"),
-        rope_base=float(gguf.get(f"{arch}.rope.freq_base", 10000.0)),
-        rms_eps=float(gguf.require(f"{arch}.attention.layer_norm_rms_epsilon")),
-    )
-    return cfg.validate(path, {
-        "n_layers": f"{arch}.block_count", "dim": f"{arch}.embedding_length",
-        "ffn_dim": f"{arch}.feed_forward_length", "n_heads": f"{arch}.attention.head_count",
-        "n_kv_heads": f"{arch}.attention.head_count_kv", "head_dim": f"{arch}.attention.head_count",
-        "vocab_size": f"{arch}.vocab_size", "context_length": f"{arch}.context_length",
-        "rope_base": f"{arch}.rope.freq_base", "rms_eps": f"{arch}.attention.layer_norm_rms_epsilon",
-    })

@@ -1,8 +1,9 @@
 """GGUF -> Hugging Face directory (config.json, model.safetensors, tokenizer files).
 
 The weights come through tinydet's own GGUF path (dequantized exactly, Q/K rows un-permuted), so they
-are already in HF's layout under canonical names; only the names change. The result loads in
-transformers as a plain LlamaForCausalLM and in tinydet with the same logits, bit for bit, as the GGUF.
+are already in HF's layout under canonical names; the architecture's spec (`arch/`) gives their HF
+names and its class. The result loads in transformers as that class (LlamaForCausalLM, ...) and in
+tinydet with the same logits, bit for bit, as the GGUF.
 
 `dtype="fp16"` stores the matrices (embedding, projections, output) as binary16, rounded once with
 NumPy's round-to-nearest-even, and keeps the RMSNorm weights float32 — exactly what tinydet's fp16
@@ -23,11 +24,11 @@ from typing import Callable
 
 import numpy as np
 
+from . import arch as archs
 from .errors import TinydetError
-from .api import read_gguf_model
-from .hf import (CONFIG_FILE, GENERATION_CONFIG_FILE, HF_NAMES, SAFETENSORS_FILE, TOKENIZER_CONFIG_FILE,
-                 TOKENIZER_FILE)
-from .weights import canonical_names
+from .formats.gguf_model import open_gguf
+from .formats.hf_dir import (CONFIG_FILE, GENERATION_CONFIG_FILE, SAFETENSORS_FILE, TOKENIZER_CONFIG_FILE,
+                             TOKENIZER_FILE)
 
 __all__ = ["convert_gguf_to_hf", "CONVERT_DTYPES"]
 
@@ -55,7 +56,7 @@ def _check_out_dir(out: Path, overwrite: bool) -> None:
 
 def convert_gguf_to_hf(gguf_path, out_dir, dtype: str = "fp32", overwrite: bool = False,
                        progress: Callable[[int, int, str], None] | None = None) -> Path:
-    """Convert a GGUF Llama model to a Hugging Face directory at `out_dir`; returns its path.
+    """Convert a GGUF model to a Hugging Face directory at `out_dir`; returns its path.
 
     `dtype` is "fp32" or "fp16" (matrices as binary16, norms float32). A non-empty `out_dir` is
     refused unless `overwrite`. `progress(done, total, name)` reports the tensors as they are read."""
@@ -65,26 +66,26 @@ def convert_gguf_to_hf(gguf_path, out_dir, dtype: str = "fp32", overwrite: bool 
     out = Path(os.path.abspath(out_dir))  # "." or "x/.." need a real name for the sibling temp directory
     _check_out_dir(out, overwrite)
 
-    g, cfg, tok, weights = read_gguf_model(src, progress)  # canonical float32, HF's Q/K layout
-    tied = "output.weight" not in g.tensors
+    ck = open_gguf(src, progress)  # canonical names, HF's Q/K layout
+    cfg, tok, spec, weights = ck.config, ck.tokenizer, ck.arch, ck.tensors
+    tied = weights[archs.TIED[0]] is weights[archs.TIED[1]]
 
-    tensors: dict[str, np.ndarray] = {}  # HF name -> array; shapes as in weights.expected_shapes
-    for canon, key in canonical_names(cfg):
-        if canon == "output" and tied:
+    tensors: dict[str, np.ndarray] = {}  # HF name -> array; shapes as in the spec
+    for canon, t, layer in spec.tensors_for(cfg):
+        if canon == archs.TIED[0] and tied:
             continue
-        w = np.ascontiguousarray(weights[canon], dtype=np.float32)
+        w = weights[canon].float32()
         if dtype == "fp16" and w.ndim == 2:
             w = w.astype(np.float16)  # the one rounding: IEEE round-to-nearest-even
-        name = HF_NAMES[key].format(canon.split(".")[1]) if "{}" in key else HF_NAMES[key]
-        tensors[name] = w
+        tensors[t.hf.format(layer)] = w
 
     def piece(i):
         return None if i is None else tok.hf.id_to_token(i)
 
     eos = list(tok.eos_ids)
     config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [spec.hf_architectures[0]],
+        "model_type": spec.hf_model_type,
         "hidden_size": cfg.dim,
         "intermediate_size": cfg.ffn_dim,
         "num_hidden_layers": cfg.n_layers,
@@ -96,9 +97,7 @@ def convert_gguf_to_hf(gguf_path, out_dir, dtype: str = "fp32", overwrite: bool 
         "rope_theta": cfg.rope_base,
         "rope_scaling": None,
         "rms_norm_eps": cfg.rms_eps,  # the file's float32 value, widened exactly
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
+        **(spec.hf_config_out(cfg) if spec.hf_config_out else {}),
         "tie_word_embeddings": tied,
         "bos_token_id": tok.bos_id,
         "eos_token_id": tok.eos_id,
@@ -125,7 +124,7 @@ def convert_gguf_to_hf(gguf_path, out_dir, dtype: str = "fp32", overwrite: bool 
     if tok.pad_id is not None:
         generation_config["pad_token_id"] = tok.pad_id
     st_meta = {"format": "pt", "converted_from": src.name, "converter": "tinydet"}
-    name = g.get("general.name")
+    name = ck.metadata.get("general.name")
     if isinstance(name, str):
         st_meta["general.name"] = name
 

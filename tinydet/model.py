@@ -10,19 +10,17 @@ import numba
 import numpy as np
 
 from . import qpack
-from .config import Config
+from .config import ModelConfig as Config
 from .errors import ContextLengthError, TinydetError
-from .gguf import GGML_TYPE_IDS, GGML_TYPES
+from .formats import Tensor
+from .formats.ggml import F16, F32
 from .kernels import cpu, forward, qcpu
 from .kernels.mathfn import exp64, log64
-from .quants import dequantize
-from .weights import RawTensor
 
 # fp32: float32 weights; fp16: weights and KV cache as binary16; native: each matrix as the file
 # stores it (Q8_0/Q4_0/Q4_1 blocks, F16 or F32; other types dequantized), float32 everywhere else,
 # computing the bits of fp32.
 DTYPES = ("fp32", "fp16", "native")
-F32, F16 = GGML_TYPE_IDS["F32"], GGML_TYPE_IDS["F16"]
 # The one-call pass (forward.forward_logits) uses these kernels inside; a replaced one (tests inject faults)
 # routes the pass through the kernels one by one, where the replacement is seen.
 _MATMULS = (cpu.matmul, qcpu.qmatmul)
@@ -34,7 +32,7 @@ def storage(a: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def _f32(a) -> np.ndarray:
-    return a.dequantize() if isinstance(a, RawTensor) else np.ascontiguousarray(a, np.float32)
+    return a.float32() if isinstance(a, Tensor) else np.ascontiguousarray(a, np.float32)
 
 
 def _stack(arrays: list[np.ndarray]) -> np.ndarray:
@@ -60,19 +58,14 @@ _PACK_ROWS = 4096  # rows dequantized and packed at a time (bounds the float32 t
 
 
 def _row_chunks(p, n0: int, n1: int) -> np.ndarray:
-    """Rows n0..n1 of a matrix as float32 (a RawTensor's rows dequantized, in its row order)."""
-    if not isinstance(p, RawTensor):
+    """Rows n0..n1 of a matrix as float32 (a Tensor's rows dequantized, in its row order)."""
+    if not isinstance(p, Tensor):
         return np.ascontiguousarray(p[n0:n1], np.float32)
-    if p.row_order is not None:  # Q/K rows are permuted: small matrices, done whole
-        return p.dequantize()[n0:n1]
-    t = GGML_TYPES[p.ggml_type]
-    row_bytes = p.shape[1] // t.block_size * t.type_size
-    rows = p.data.reshape(p.shape[0], row_bytes)[n0:n1]
-    return dequantize(rows, p.ggml_type, (n1 - n0, p.shape[1]))
+    return p.rows(n0, n1)
 
 
 def _pack_float(parts: list, dtype: str, out: np.ndarray | None = None) -> np.ndarray:
-    """The row concatenation of `parts` (RawTensor or float32 (n, k) arrays) as panels (P, k, 64) of
+    """The row concatenation of `parts` (Tensor or float32 (n, k) arrays) as panels (P, k, 64) of
     `dtype`'s storage, written into `out` (or a new aligned array), a few thousand rows at a time so
     that loading holds little more than the packed weights. The values are pack_panels' exactly."""
     n, k = sum(p.shape[0] for p in parts), parts[0].shape[1]
@@ -85,8 +78,8 @@ def _pack_float(parts: list, dtype: str, out: np.ndarray | None = None) -> np.nd
         for n0 in range(0, p.shape[0], _PACK_ROWS):
             n1 = min(p.shape[0], n0 + _PACK_ROWS)
             w = storage(_row_chunks(p, n0, n1), dtype)
-            if isinstance(p, RawTensor) and p.row_order is None:
-                p.done((n0, n1))
+            if isinstance(p, Tensor) and p.row_order is None:
+                p.release((n0, n1))
             m = n1 - n0
             if g % cpu.PANEL == 0 and (m % cpu.PANEL == 0 or g + m == n):
                 full = -(-m // cpu.PANEL) * cpu.PANEL
@@ -97,8 +90,8 @@ def _pack_float(parts: list, dtype: str, out: np.ndarray | None = None) -> np.nd
                 r = np.arange(g, g + m)
                 out[(r // cpu.PANEL)[:, None], np.arange(k)[None, :], (r % cpu.PANEL)[:, None]] = w
             g += m
-        if isinstance(p, RawTensor):
-            p.done()
+        if isinstance(p, Tensor):
+            p.release()
     return out
 
 
@@ -114,11 +107,11 @@ def _pack_stack(per_layer: list[list], dtype: str) -> np.ndarray:
 
 
 def _native_kind(per_layer: list[list]) -> tuple:
-    """One matrix kind in native storage, from its parts per layer (RawTensor or float32 arrays, to
+    """One matrix kind in native storage, from its parts per layer (Tensor or float32 arrays, to
     be concatenated by rows). Returns (the stack for `forward.forward_layers`, one matrix per layer):
     quantized panels when every part has one Q8_0/Q4_0/Q4_1 type, fp16 panels when all are F16,
     else float32 panels of the dequantized values."""
-    kinds = {p.ggml_type if isinstance(p, RawTensor) else F32 for parts in per_layer for p in parts}
+    kinds = {p.ggml_type if isinstance(p, Tensor) else F32 for parts in per_layer for p in parts}
     kind = kinds.pop() if len(kinds) == 1 else None
     if kind == F32:
         kind = None  # dequantize: F32 -> a float32 copy
@@ -145,8 +138,8 @@ def _native_kind(per_layer: list[list]) -> tuple:
 def _done(per_layer) -> None:
     for parts in per_layer:
         for p in parts:
-            if isinstance(p, RawTensor):
-                p.done()
+            if isinstance(p, Tensor):
+                p.release()
 
 
 class KVCache:
@@ -176,7 +169,7 @@ class KVCache:
 class Transformer:
     """Packed weights and the forward pass. Build with `Transformer(cfg, weights, dtype)` where
     `weights` holds float32 arrays under the canonical names of `weights.py` (for native storage,
-    matrices may be `RawTensor`s)."""
+    matrices may be `Tensor`s)."""
 
     def __init__(self, cfg: Config, weights: dict, dtype: str = "fp32"):
         if dtype not in DTYPES:
@@ -214,8 +207,8 @@ class Transformer:
             self.tok_embeddings = None  # tied: rows are read from the output panels (same values)
         else:
             self.tok_embeddings = storage(_f32(emb), dtype)  # (vocab, dim)
-            if isinstance(emb, RawTensor):
-                emb.done()
+            if isinstance(emb, Tensor):
+                emb.release()
         self._norms(cfg, weights)
         # Each matrix kind is stacked over layers (one array each, for `forward.forward_layers`); the
         # layers hold views into the stacks.
@@ -232,11 +225,11 @@ class Transformer:
             self._stacks[name], self._mats[name] = _native_kind(
                 [[weights[f"layers.{i}.{n}"] for n in parts] for i in range(cfg.n_layers)])
         emb = weights["tok_embeddings"]
-        if isinstance(emb, RawTensor) and emb.ggml_type in qpack.NATIVE_TYPES:
+        if isinstance(emb, Tensor) and emb.ggml_type in qpack.NATIVE_TYPES:
             self.tok_embeddings = qpack.pack_parts([(emb.data, None, emb.ggml_type)], emb.ggml_type, cfg.dim)
         elif weights["output"] is emb:
             self.tok_embeddings = None  # tied: rows are read from the output panels (same values)
-        elif isinstance(emb, RawTensor) and emb.ggml_type == F16:
+        elif isinstance(emb, Tensor) and emb.ggml_type == F16:
             self.tok_embeddings = np.array(emb.data.view("<u2").reshape(emb.shape), np.uint16)  # widened exactly
         else:
             self.tok_embeddings = _f32(emb)
@@ -245,8 +238,8 @@ class Transformer:
         else:
             self.output = _native_kind([[weights["output"]]])[1][0]
         for w in weights.values():
-            if isinstance(w, RawTensor):
-                w.done()
+            if isinstance(w, Tensor):
+                w.release()
 
     def matrices(self) -> dict[str, str]:
         """How each matrix kind is stored: "f32", "f16" or a GGML quant type name."""

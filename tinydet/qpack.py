@@ -25,7 +25,7 @@ float32 scales instead (the kernels accept either dtype) when any scale is a sig
 integer widening differs from NumPy's.
 
 Rows move whole, so Q/K un-permutation and concatenation ([wq; wk; wv], [w1; w3]) happen on the raw
-block rows: `pack_parts([(raw_q, rope_row_order(q_dim, n_heads)), (raw_k, rope_row_order(kv_dim,
+block rows (`formats.gguf_model.rope_row_order`): `pack_parts([(raw_q, rope_row_order(q_dim, n_heads)), (raw_k, rope_row_order(kv_dim,
 n_kv_heads)), (raw_v, None)], type, dim)` is the matrix the fp32 path builds with
 `np.concatenate([unpermute_rope_rows(wq), unpermute_rope_rows(wk), wv])`.
 """
@@ -37,18 +37,15 @@ from typing import Sequence
 
 import numpy as np
 
-from .gguf import GGML_TYPE_IDS, GGML_TYPES
+from .formats.ggml import GGML_TYPES, Q4_0, Q4_1, Q8_0
 from .kernels.qcpu import LANES as PANEL  # outputs per panel: the kernels' vector width
 from .kernels.qcpu import QBLOCK  # elements per Q8_0 / Q4_0 / Q4_1 block
 
-Q8_0 = GGML_TYPE_IDS["Q8_0"]
-Q4_0 = GGML_TYPE_IDS["Q4_0"]
-Q4_1 = GGML_TYPE_IDS["Q4_1"]
 
 #: ggml type ids the native path handles -> type name.
 NATIVE_TYPES = {Q8_0: "Q8_0", Q4_0: "Q4_0", Q4_1: "Q4_1"}
 
-__all__ = ["QPanels", "pack_quantized", "pack_parts", "stack", "rope_row_order", "NATIVE_TYPES",
+__all__ = ["QPanels", "pack_quantized", "pack_parts", "stack", "NATIVE_TYPES",
            "Q8_0", "Q4_0", "Q4_1", "PANEL", "QBLOCK"]
 
 
@@ -75,12 +72,6 @@ class QPanels:
     def nbytes(self) -> int:
         """Bytes a full pass over the matrix reads (padding included)."""
         return self.qs.nbytes + self.d.nbytes + (self.m.nbytes if self.m is not None else 0)
-
-
-def rope_row_order(n: int, n_heads: int) -> np.ndarray:
-    """The row order `weights.unpermute_rope_rows` applies: out[i] = w[order[i]]."""
-    hd = n // n_heads
-    return np.ascontiguousarray(np.arange(n).reshape(n_heads, hd // 2, 2).swapaxes(1, 2).reshape(n))
 
 
 _CHUNK_ROWS = 4096  # rows regrouped at a time (bounds the temporaries)

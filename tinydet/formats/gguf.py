@@ -8,7 +8,6 @@ tensor byte is read.
 
 from __future__ import annotations
 
-import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ModelFormatError
+from ..errors import ModelFormatError
+from .ggml import GGML_TYPES
+from .pages import map_file, release_pages
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -28,30 +29,6 @@ _SCALAR = {
     UINT32: np.dtype("<u4"), INT32: np.dtype("<i4"), FLOAT32: np.dtype("<f4"), BOOL: np.dtype("<u1"),
     UINT64: np.dtype("<u8"), INT64: np.dtype("<i8"), FLOAT64: np.dtype("<f8"),
 }
-
-
-@dataclass(frozen=True)
-class GGMLType:
-    name: str
-    block_size: int  # elements per block
-    type_size: int  # bytes per block
-
-
-# Tensor types tinydet can dequantize (ggml type id -> layout).
-GGML_TYPES = {
-    0: GGMLType("F32", 1, 4),
-    1: GGMLType("F16", 1, 2),
-    2: GGMLType("Q4_0", 32, 18),
-    3: GGMLType("Q4_1", 32, 20),
-    6: GGMLType("Q5_0", 32, 22),
-    7: GGMLType("Q5_1", 32, 24),
-    8: GGMLType("Q8_0", 32, 34),
-    12: GGMLType("Q4_K", 256, 144),
-    13: GGMLType("Q5_K", 256, 176),
-    14: GGMLType("Q6_K", 256, 210),
-    30: GGMLType("BF16", 1, 2),
-}
-GGML_TYPE_IDS = {t.name: i for i, t in GGML_TYPES.items()}
 
 
 @dataclass(frozen=True)
@@ -141,7 +118,7 @@ class GGUFFile:
         size = self.path.stat().st_size
         if size < 24:
             raise ModelFormatError(self.path, "header", f"file is {size} bytes, too short for a GGUF header (24 bytes)")
-        self.data = np.memmap(self.path, dtype=np.uint8, mode="r")
+        self.data = map_file(self.path)
         cur = _Cursor(self.path, self.data)
         magic = cur.take(4, "magic").tobytes()
         if magic != GGUF_MAGIC:
@@ -214,22 +191,10 @@ class GGUFFile:
         return self.data[info.offset:info.offset + info.nbytes]
 
     def release(self, name: str, lo: int = 0, hi: int | None = None) -> None:
-        """Drop the pages of the tensor's bytes lo..hi (default: all) from this process's resident
-        memory once they have been used (a later read faults them back in from the page cache:
-        correct, only slower), so loading a model does not hold the file resident on top of the packed
-        weights."""
+        """Let go of the pages of the tensor's bytes lo..hi (default: all) once they are copied out
+        (`pages.release_pages`)."""
         info = self.tensors[name]
-        lo, hi = info.offset + lo, info.offset + (info.nbytes if hi is None else hi)
-        mm = getattr(self.data, "_mmap", None)
-        if mm is None or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
-            return
-        page = mmap.PAGESIZE
-        start = lo // page * page
-        end = min(len(mm), -(-hi // page) * page)
-        try:
-            mm.madvise(mmap.MADV_DONTNEED, start, end - start)
-        except (OSError, ValueError):  # advice only: a platform that refuses it keeps the pages
-            pass
+        release_pages(self.data, info.offset + lo, info.offset + (info.nbytes if hi is None else hi))
 
     def tensor_view(self, name: str) -> np.ndarray:
         """A zero-copy typed view for F32/F16/BF16 tensors (BF16 as uint16 bits), in numpy shape order;

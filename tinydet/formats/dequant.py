@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from .gguf import GGML_TYPES, GGML_TYPE_IDS
+from .ggml import GGML_TYPE_IDS, GGML_TYPES
 
 __all__ = ["dequantize", "SUPPORTED_TYPES"]
 

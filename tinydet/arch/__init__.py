@@ -1,0 +1,121 @@
+"""Architectures as data: one `ArchSpec` per module of this package, found by name.
+
+A spec says which tensors the architecture has in each format (canonical name, GGUF name, HF name,
+shape, and the flag that makes an optional one exist), the load-time fix-ups it needs (GGUF rows of
+Q/K in llama.cpp's interleaved RoPE order, an output matrix tied to the embedding), the feature flags
+it sets in `ModelConfig`, and which settings of a file it accepts. The format readers (`formats/`)
+read a file through its spec; the kernels see only the config's flags. Adding an architecture is
+adding a module here that defines `SPEC`.
+
+Canonical tensor names (HF's layout: Q/K rows in rotate-half order, matrices [out, in]):
+  tok_embeddings [vocab, dim], norm [dim], output [vocab, dim],
+  layers.{i}.attention_norm [dim], .wq [q_dim, dim], .wk [kv_dim, dim], .wv [kv_dim, dim],
+  .wo [dim, q_dim], .ffn_norm [dim], .w1 (gate) [ffn, dim], .w2 (down) [dim, ffn], .w3 (up) [ffn, dim],
+  and where the flags call for them: .bq [q_dim], .bk / .bv [kv_dim] (qkv_bias), .q_norm / .k_norm
+  [head_dim] (qk_norm), .post_attention_norm / .post_ffn_norm [dim] (post_norms).
+Model code never sees a GGUF or HF name.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from ..config import ModelConfig
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    canonical: str  # "layers.{}.wq": {} is the layer index
+    gguf: str  # "blk.{}.attn_q.weight"
+    hf: str  # "model.layers.{}.self_attn.q_proj.weight"
+    shape: tuple[str, ...]  # ModelConfig attributes, numpy order: ("q_dim", "dim")
+    flag: str | None = None  # the tensor exists exactly when this config flag is on (None: always)
+    rope_rows: str | None = None  # "q" or "k": rows that llama.cpp's converter permutes for its RoPE
+
+    def shape_for(self, cfg: ModelConfig) -> tuple[int, ...]:
+        return tuple(getattr(cfg, s) for s in self.shape)
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    name: str  # tinydet's name, ModelConfig.arch
+    gguf_arch: str  # general.architecture
+    hf_architectures: tuple[str, ...]  # config.json "architectures" entries that mean this spec
+    hf_model_type: str  # config.json "model_type"
+    tensors: tuple[TensorSpec, ...]
+    flags: dict = field(default_factory=dict)  # ModelConfig flags the architecture always sets
+    gguf_rope_permuted: bool = False  # GGUF stores Q/K rows permuted (undone at load, rows only move)
+    own_head_dim: bool = False  # head_dim may differ from dim / n_heads
+    hf_activations: tuple[str, ...] = ("silu",)  # config.json hidden_act values accepted
+    rope_scalings: tuple[str, ...] = ("none",)  # RoPE scalings accepted from a file
+    # Optional hooks for settings beyond the common keys: (reader, fields) -> fields, where `reader`
+    # gives typed access to the file's keys and raises ModelFormatError naming them.
+    gguf_config: Callable | None = None
+    hf_config: Callable | None = None
+    # The architecture's own config.json keys when writing a Hugging Face directory (convert).
+    hf_config_out: Callable[[ModelConfig], dict] | None = None
+
+    def tensors_for(self, cfg: ModelConfig) -> Iterator[tuple[str, TensorSpec, int | None]]:
+        """(canonical name, spec, layer or None) for every tensor a model with `cfg` has, kind by kind
+        and layer by layer within a kind."""
+        for t in self.tensors:
+            if t.flag is not None and not getattr(cfg, t.flag):
+                continue
+            if "{}" in t.canonical:
+                for i in range(cfg.n_layers):
+                    yield t.canonical.format(i), t, i
+            else:
+                yield t.canonical, t, None
+
+
+def _T(canonical, gguf, hf, shape, **kw) -> TensorSpec:
+    return TensorSpec(canonical, gguf, hf, shape, **kw)
+
+
+# The tensors of a Llama model; other specs extend or change this list.
+LLAMA_TENSORS = (
+    _T("tok_embeddings", "token_embd.weight", "model.embed_tokens.weight", ("vocab_size", "dim")),
+    _T("norm", "output_norm.weight", "model.norm.weight", ("dim",)),
+    _T("output", "output.weight", "lm_head.weight", ("vocab_size", "dim")),  # absent: tied to tok_embeddings
+    _T("layers.{}.attention_norm", "blk.{}.attn_norm.weight", "model.layers.{}.input_layernorm.weight", ("dim",)),
+    _T("layers.{}.wq", "blk.{}.attn_q.weight", "model.layers.{}.self_attn.q_proj.weight", ("q_dim", "dim"),
+       rope_rows="q"),
+    _T("layers.{}.wk", "blk.{}.attn_k.weight", "model.layers.{}.self_attn.k_proj.weight", ("kv_dim", "dim"),
+       rope_rows="k"),
+    _T("layers.{}.wv", "blk.{}.attn_v.weight", "model.layers.{}.self_attn.v_proj.weight", ("kv_dim", "dim")),
+    _T("layers.{}.wo", "blk.{}.attn_output.weight", "model.layers.{}.self_attn.o_proj.weight", ("dim", "q_dim")),
+    _T("layers.{}.ffn_norm", "blk.{}.ffn_norm.weight", "model.layers.{}.post_attention_layernorm.weight", ("dim",)),
+    _T("layers.{}.w1", "blk.{}.ffn_gate.weight", "model.layers.{}.mlp.gate_proj.weight", ("ffn_dim", "dim")),
+    _T("layers.{}.w2", "blk.{}.ffn_down.weight", "model.layers.{}.mlp.down_proj.weight", ("dim", "ffn_dim")),
+    _T("layers.{}.w3", "blk.{}.ffn_up.weight", "model.layers.{}.mlp.up_proj.weight", ("ffn_dim", "dim")),
+)
+
+TIED = ("output", "tok_embeddings")  # an absent output matrix is the embedding table
+
+
+def _discover() -> dict[str, ArchSpec]:
+    specs = {}
+    for m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        spec = getattr(importlib.import_module(f"{__name__}.{m.name}"), "SPEC", None)
+        if isinstance(spec, ArchSpec):
+            specs[spec.name] = spec
+    return specs
+
+
+SPECS: dict[str, ArchSpec] = _discover()
+
+
+def by_gguf(arch: str) -> ArchSpec | None:
+    return next((s for s in SPECS.values() if s.gguf_arch == arch), None)
+
+
+def by_hf(model_type, architectures) -> ArchSpec | None:
+    """The spec of a config.json: by model_type, else by an architectures entry."""
+    if model_type is not None:
+        return next((s for s in SPECS.values() if s.hf_model_type == model_type), None)
+    if isinstance(architectures, list):
+        return next((s for s in SPECS.values() if any(a in s.hf_architectures for a in architectures)), None)
+    return None

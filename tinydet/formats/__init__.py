@@ -1,0 +1,108 @@
+"""Model files in, one `Checkpoint` out: `open_checkpoint(path or name)` is the one dispatch.
+
+A checkpoint is the config (dims and flags, `config.ModelConfig`), the tensors under canonical names
+(`arch/`), the tokenizer and the file's metadata. Tensors are read lazily: a `Tensor` is a view of the
+file's bytes in its stored type, dequantized on demand, so a backend can keep quantized blocks as they
+are (native storage) or pack float panels a few rows at a time, and let each part of the file's pages
+go once it is copied.
+
+Readers: GGUF files (`gguf.py` the container, `gguf_model.py` the model in it) and Hugging Face
+directories (`safetensors.py`, `hf_dir.py`); `ggml.py` is the one table of storage types and
+`dequant.py` turns each into float32 exactly.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .dequant import dequantize
+from .ggml import GGML_TYPES, row_bytes
+
+
+class Tensor:
+    """A tensor as its file stores it: `shape` (numpy order), `ggml_type` (an id of `ggml.py`), `data`
+    (its bytes, a read-only uint8 view of the mapped file) and `row_order`, set when a load-time fix-up
+    moves rows (row i of the tensor is stored row row_order[i]). Its value is float32:
+    `np.asarray(t)`, `t.float32()`, or `t.rows(n0, n1)` for a few rows at a time."""
+
+    dtype = np.dtype(np.float32)  # the dtype of its value (the storage type is `ggml_type`)
+
+    def __init__(self, data: np.ndarray, ggml_type: int, shape: tuple[int, ...],
+                 row_order: np.ndarray | None = None, release: Callable[..., None] | None = None):
+        self.data, self.ggml_type, self.shape = data, ggml_type, tuple(shape)
+        self.row_order = row_order
+        self._release = release  # release(lo=0, hi=None): bytes lo..hi of `data` are no longer needed
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def type_name(self) -> str:
+        return GGML_TYPES[self.ggml_type].name
+
+    def float32(self) -> np.ndarray:
+        """A new C-contiguous float32 array: the stored values dequantized exactly, rows in order."""
+        w = dequantize(self.data, self.ggml_type, self.shape)
+        return w if self.row_order is None else np.ascontiguousarray(w[self.row_order])
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.float32()
+        return a if dtype is None else a.astype(dtype)
+
+    def rows(self, n0: int, n1: int) -> np.ndarray:
+        """Rows n0..n1 of a 2-D tensor as float32 (only those rows are read, unless rows move)."""
+        if self.row_order is not None:  # permuted Q/K rows: small matrices, read whole
+            return self.float32()[n0:n1]
+        rb = row_bytes(self.ggml_type, self.shape[1])
+        raw = self.data.reshape(self.shape[0], rb)[n0:n1]
+        return dequantize(raw, self.ggml_type, (n1 - n0, self.shape[1]))
+
+    def release(self, rows: tuple[int, int] | None = None) -> None:
+        """The bytes (of rows n0..n1, default all) have been copied out: let the file's pages go."""
+        if self._release is None:
+            return
+        if rows is None:
+            self._release()
+        else:
+            rb = self.data.shape[0] // self.shape[0]
+            self._release(rows[0] * rb, rows[1] * rb)
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.type_name}, {self.shape}{', rows moved' if self.row_order is not None else ''})"
+
+
+@dataclass
+class Checkpoint:
+    """A model as read from its file(s)."""
+
+    config: "ModelConfig"  # noqa: F821
+    tensors: dict[str, Tensor]  # canonical name -> tensor; a tied output is the embedding's object
+    tokenizer: "Tokenizer"  # noqa: F821
+    metadata: dict  # the file's own metadata (GGUF keys but the vocabulary; HF's config.json, ...)
+    path: Path
+    arch: "ArchSpec"  # noqa: F821
+    format: str  # "gguf" or "huggingface"
+    stored: list[tuple[str, str, tuple[int, ...]]] = field(default_factory=list)  # (file name, type, shape)
+
+
+def open_checkpoint(model: str | os.PathLike, progress: Callable[[int, int, str], None] | None = None,
+                    verify: bool = False) -> Checkpoint:
+    """A GGUF file, a Hugging Face directory (config.json + safetensors) or a known model's name
+    (pulled into the cache on first use; `verify` re-hashes its file) -> its Checkpoint.
+    `progress(done, total, name)` is called as each tensor is found and checked, and once at the end."""
+    from ..registry import resolve_model
+
+    path = resolve_model(model, verify=verify)
+    if path.is_dir():
+        from .hf_dir import open_hf_dir
+
+        return open_hf_dir(path, progress)
+    from .gguf_model import open_gguf
+
+    return open_gguf(path, progress)

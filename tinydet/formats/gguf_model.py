@@ -1,0 +1,160 @@
+"""A model in a GGUF file -> Checkpoint: the config from `{arch}.*` keys (llama.cpp's names and
+defaults), the tensors under canonical names through the architecture's spec, the tokenizer from the
+`tokenizer.ggml.*` keys."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .. import arch as archs
+from ..config import ModelConfig, RoPE
+from ..errors import ModelFormatError
+from . import Checkpoint, Tensor
+from .gguf import GGUFFile
+
+TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.scores",
+                    "tokenizer.ggml.token_type")
+
+
+def rope_row_order(n: int, n_heads: int) -> np.ndarray:
+    """The rows of a Q or K matrix in HF's rotate-half order, from llama.cpp's converter's order.
+
+    convert_hf_to_gguf moves each head's rows from HF's rotate-half order (i, i + hd/2) to adjacent
+    pairs (2i, 2i+1) so that llama.cpp rotates neighbours; out[i] = stored[order[i]] moves them back.
+    Rows only move: no value changes."""
+    hd = n // n_heads
+    return np.ascontiguousarray(np.arange(n).reshape(n_heads, hd // 2, 2).swapaxes(1, 2).reshape(n))
+
+
+class _Keys:
+    """Typed reads of `{arch}.*` keys; errors name the key."""
+
+    def __init__(self, g: GGUFFile, arch: str):
+        self.g, self.arch, self.path = g, arch, g.path
+
+    def key(self, name: str) -> str:
+        return f"{self.arch}.{name}"
+
+    def bad(self, name: str, msg: str):
+        raise ModelFormatError(self.path, self.key(name), msg)
+
+    def get(self, name: str, default=None):
+        return self.g.get(self.key(name), default)
+
+    def int(self, name: str, default=None) -> int:
+        v = self.g.require(self.key(name)) if default is None else self.g.get(self.key(name), default)
+        if isinstance(v, bool) or not isinstance(v, int):
+            self.bad(name, f"expected an integer, found {v!r}")
+        return v
+
+
+def gguf_config(g: GGUFFile) -> tuple[archs.ArchSpec, ModelConfig]:
+    """The architecture's spec and the Config from `{arch}.*` keys, with llama.cpp's defaults where a
+    key is absent."""
+    path: Path = g.path
+    name = g.require("general.architecture")
+    spec = archs.by_gguf(name)
+    if spec is None:
+        supported = ", ".join(s.gguf_arch for s in archs.SPECS.values())
+        raise ModelFormatError(path, "general.architecture",
+                               f"architecture {name!r} is not supported (supported: {supported})")
+    k = _Keys(g, name)
+    dim = k.int("embedding_length")
+    n_heads = k.int("attention.head_count")
+    n_kv = k.get("attention.head_count_kv", n_heads)
+    key_len = k.get("attention.key_length")
+    if n_heads <= 0 or (key_len is None or not spec.own_head_dim) and dim % n_heads:
+        k.bad("attention.head_count", f"{n_heads} heads do not divide embedding_length {dim}")
+    head_dim = dim // n_heads
+    if key_len is not None:
+        if spec.own_head_dim:
+            head_dim = key_len
+        elif key_len != head_dim:
+            k.bad("attention.key_length", f"expected embedding_length / head_count = {head_dim}, found {key_len}")
+    if k.get("attention.value_length", head_dim) != head_dim:
+        k.bad("attention.value_length", f"expected the key length {head_dim}, found {k.get('attention.value_length')}")
+    rope_dim = k.get("rope.dimension_count", head_dim)
+    if rope_dim != head_dim:
+        k.bad("rope.dimension_count", f"partial RoPE is not supported: expected {head_dim}, found {rope_dim}")
+    scaling = k.get("rope.scaling.type", "none")
+    if scaling not in spec.rope_scalings:
+        k.bad("rope.scaling.type", f"RoPE scaling {scaling!r} is not supported")
+    rope = RoPE(base=float(k.get("rope.freq_base", 10000.0)))
+    if scaling == "linear":
+        rope = RoPE(base=rope.base, scaling="linear", factor=float(k.get("rope.scaling.factor", 1.0)))
+    tokens = g.get("tokenizer.ggml.tokens")
+    vocab = k.get("vocab_size")
+    if vocab is None:
+        if "token_embd.weight" in g.tensors:
+            vocab = g.tensors["token_embd.weight"].shape[0]
+        elif tokens is not None:
+            vocab = len(tokens)
+        else:
+            k.bad("vocab_size", "missing, and no token_embd.weight to infer it from")
+    fields = dict(arch=spec.name, n_layers=k.int("block_count"), dim=dim, ffn_dim=k.int("feed_forward_length"),
+                  n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, vocab_size=int(vocab),
+                  context_length=k.int("context_length"), rope=rope,
+                  rms_eps=float(g.require(k.key("attention.layer_norm_rms_epsilon"))), **spec.flags)
+    if spec.gguf_config is not None:
+        fields = spec.gguf_config(k, fields)
+    a = name
+    return spec, ModelConfig(**fields).validate(path, {
+        "n_layers": f"{a}.block_count", "dim": f"{a}.embedding_length", "ffn_dim": f"{a}.feed_forward_length",
+        "n_heads": f"{a}.attention.head_count", "n_kv_heads": f"{a}.attention.head_count_kv",
+        "head_dim": f"{a}.attention.key_length" if key_len is not None else f"{a}.attention.head_count",
+        "vocab_size": f"{a}.vocab_size", "context_length": f"{a}.context_length", "rope_base": f"{a}.rope.freq_base",
+        "rms_eps": f"{a}.attention.layer_norm_rms_epsilon",
+    })
+
+
+def gguf_tensors(g: GGUFFile, spec: archs.ArchSpec, cfg: ModelConfig,
+                 progress: Callable[[int, int, str], None] | None = None) -> dict[str, Tensor]:
+    """Every tensor of the model under its canonical name, as the file stores it (rows of Q/K moved
+    back to HF's order where the spec says the converter permuted them). An absent `output.weight`
+    is tied to the embedding: the same Tensor object."""
+    names = list(spec.tensors_for(cfg))
+    heads = {"q": cfg.n_heads, "k": cfg.n_kv_heads}
+    out: dict[str, Tensor] = {}
+    for done, (canon, t, layer) in enumerate(names):
+        gname = t.gguf.format(layer)
+        if progress is not None:
+            progress(done, len(names), gname)
+        if gname not in g.tensors:
+            if canon == archs.TIED[0]:
+                continue  # tied below
+            raise ModelFormatError(g.path, gname, "required tensor is missing")
+        info = g.tensors[gname]
+        want = t.shape_for(cfg)
+        if info.shape != want:
+            raise ModelFormatError(g.path, gname, f"expected shape {want} from the metadata, found {info.shape}")
+        order = None
+        if spec.gguf_rope_permuted and t.rope_rows is not None:
+            order = rope_row_order(info.shape[0], heads[t.rope_rows])
+        out[canon] = Tensor(g.tensor_bytes(gname), info.ggml_type, info.shape, order,
+                            functools.partial(g.release, gname))
+    if archs.TIED[0] not in out:
+        out[archs.TIED[0]] = out[archs.TIED[1]]
+    if progress is not None:
+        progress(len(names), len(names), "")
+    return out
+
+
+def open_gguf(path: str | Path, progress: Callable[[int, int, str], None] | None = None) -> Checkpoint:
+    """A GGUF model file -> Checkpoint (nothing is dequantized here)."""
+    from ..tokenizer import Tokenizer
+
+    g = GGUFFile(path)
+    spec, cfg = gguf_config(g)
+    tokenizer = Tokenizer.from_gguf_metadata(g.metadata, g.path)
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise ModelFormatError(g.path, "tokenizer.ggml.tokens",
+                               f"{tokenizer.vocab_size} tokens but the model has a vocabulary of {cfg.vocab_size}")
+    tensors = gguf_tensors(g, spec, cfg, progress)
+    # The vocabulary arrays live on in the tokenizer; keeping them twice would cost ~10 MB.
+    metadata = {k: v for k, v in g.metadata.items() if not k.startswith(TOKENIZER_ARRAYS)}
+    stored = [(t.name, t.type_name, t.shape) for t in g.tensors.values()]
+    return Checkpoint(cfg, tensors, tokenizer, metadata, g.path, spec, "gguf", stored)

@@ -1,0 +1,423 @@
+"""Hugging Face model directories -> Checkpoint: config.json, safetensors weights (one file or
+shards), tokenizer.json with tokenizer_config.json / generation_config.json.
+
+A directory is read as transformers would read it for its architecture (`arch/`: model_type or
+architectures picks the spec) and brought to tinydet's canonical names. HF's Q/K row order
+(rotate-half) *is* the canonical layout, so nothing is permuted; the output matrix is tied to the
+token embedding only when `lm_head.weight` is absent and config.json says tie_word_embeddings.
+
+Pickle checkpoints (pytorch_model.bin, *.pt, *.pth) are refused: unpickling runs arbitrary code.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+from .. import arch as archs
+from ..config import ModelConfig, RoPE
+from ..errors import ModelFormatError
+from ..tokenizer import Tokenizer
+from . import Checkpoint, Tensor
+from .safetensors import SafetensorsFile, _is_int, _reject_duplicates
+
+# Buffers some older checkpoints saved alongside the weights; recomputed from the config, never read.
+_IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+
+CONFIG_FILE = "config.json"
+SAFETENSORS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where recent transformers versions save the template
+PICKLE_PATTERNS = ("pytorch_model*.bin", "*.bin", "*.pt", "*.pth", "*.ckpt")
+
+
+def _one_line(e: Exception) -> str:
+    s = str(e).strip().splitlines()
+    return s[0] if s else type(e).__name__
+
+
+def _read_json(path: Path, field: str, required: bool = True) -> dict | None:
+    if not path.is_file():
+        if required:
+            raise ModelFormatError(path, field, "missing")
+        return None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ModelFormatError(path, field, f"is not valid UTF-8 ({e.reason})") from None
+    try:
+        data = json.loads(text, object_pairs_hook=_reject_duplicates(path, field))
+    except json.JSONDecodeError as e:
+        raise ModelFormatError(path, field, f"is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    if not isinstance(data, dict):
+        raise ModelFormatError(path, field, "expected a JSON object")
+    return data
+
+
+# ---------------------------------------------------------------------------------------------------
+# config.json
+
+
+class _Fields:
+    """Typed reads of config.json's keys; errors name the key."""
+
+    def __init__(self, c: dict, path: Path):
+        self.c, self.path = c, path
+
+    def bad(self, key: str, msg: str):
+        raise ModelFormatError(self.path, key, msg)
+
+    def get(self, key: str, default=None):
+        v = self.c.get(key)
+        return default if v is None else v
+
+    def int(self, key: str, default=None) -> int:
+        if self.c.get(key) is None:
+            if default is not None:
+                return default
+            self.bad(key, "required field is missing")
+        v = self.c[key]
+        if not _is_int(v):
+            self.bad(key, f"expected an integer, found {v!r}")
+        if v <= 0:
+            self.bad(key, f"expected a positive integer, found {v!r}")
+        return v
+
+    def float(self, key: str, default=None) -> float:
+        if self.c.get(key) is None:
+            if default is not None:
+                return default
+            self.bad(key, "required field is missing")
+        v = self.c[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            self.bad(key, f"expected a number, found {v!r}")
+        return float(v)
+
+
+# RoPE parameters each scaling type reads from rope_scaling / rope_parameters.
+_ROPE_KEYS = {"default": (), "linear": ("factor",),
+              "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+_ROPE_NAMES = {"default": "none", "linear": "linear", "llama3": "llama3"}
+
+
+def _rope(f: _Fields, spec: archs.ArchSpec) -> RoPE:
+    """RoPE from rope_theta (transformers 4.x, + rope_scaling) or rope_parameters (5.x)."""
+    theta = f.float("rope_theta", 10000.0) if f.c.get("rope_theta") is not None else None
+    rope = RoPE()
+    for key in ("rope_scaling", "rope_parameters"):
+        rp = f.c.get(key)
+        if rp is None:
+            continue
+        if not isinstance(rp, dict):
+            f.bad(key, f"expected an object or null, found {rp!r}")
+        kind = rp.get("rope_type", rp.get("type", "default"))
+        if _ROPE_NAMES.get(kind) not in spec.rope_scalings:
+            f.bad(key, f"RoPE scaling {kind!r} is not supported (only plain RoPE: rope_scaling null)")
+        extra = set(rp) - {"rope_type", "type", "rope_theta"} - set(_ROPE_KEYS[kind])
+        if extra:
+            f.bad(key, f"RoPE parameters {sorted(extra)} are not supported")
+        if rp.get("rope_theta") is not None:
+            t = rp["rope_theta"]
+            if isinstance(t, bool) or not isinstance(t, (int, float)):
+                f.bad(f"{key}.rope_theta", f"expected a number, found {t!r}")
+            if theta is not None and float(t) != theta:
+                f.bad(f"{key}.rope_theta", f"{t!r} disagrees with rope_theta {theta!r}")
+            theta = float(t)
+        sub = _Fields(rp, f.path)
+        if kind == "linear":
+            rope = RoPE(scaling="linear", factor=sub.float("factor"))
+        elif kind == "llama3":
+            rope = RoPE(scaling="llama3", factor=sub.float("factor"), low_freq_factor=sub.float("low_freq_factor"),
+                        high_freq_factor=sub.float("high_freq_factor"),
+                        original_context=sub.int("original_max_position_embeddings"))
+    return RoPE(base=10000.0 if theta is None else theta, scaling=rope.scaling, factor=rope.factor,
+                low_freq_factor=rope.low_freq_factor, high_freq_factor=rope.high_freq_factor,
+                original_context=rope.original_context)
+
+
+def read_hf_config(path: str | Path) -> tuple[archs.ArchSpec, ModelConfig, bool, dict]:
+    """A directory's config.json -> (spec, ModelConfig, tie_word_embeddings, raw dict)."""
+    cpath = Path(path) / CONFIG_FILE
+    if not cpath.is_file():
+        raise ModelFormatError(cpath, CONFIG_FILE, "missing: not a Hugging Face model directory")
+    c = _read_json(cpath, CONFIG_FILE)
+    f = _Fields(c, cpath)
+    model_type, hf_archs = c.get("model_type"), c.get("architectures")
+    spec = archs.by_hf(model_type, hf_archs)
+    classes = [a for s in archs.SPECS.values() for a in s.hf_architectures]
+    if spec is None and model_type is not None:
+        supported = ", ".join(repr(s.hf_model_type) for s in archs.SPECS.values())
+        f.bad("model_type", f"model type {model_type!r} is not supported (supported: {supported})")
+    if spec is None:
+        f.bad("model_type", f"missing, and architectures is {hf_archs!r}, none of {classes}: "
+                            "only Llama-family models are supported")
+    if isinstance(hf_archs, list) and hf_archs and not any(a in spec.hf_architectures for a in hf_archs):
+        f.bad("architectures", f"{hf_archs!r} has no {' or '.join(spec.hf_architectures)}: only causal "
+                               "language models are supported")
+
+    dim = f.int("hidden_size")
+    n_heads = f.int("num_attention_heads")
+    n_kv = f.int("num_key_value_heads", n_heads)
+    if dim % n_heads and not (spec.own_head_dim and c.get("head_dim") is not None):
+        f.bad("num_attention_heads", f"{n_heads} heads do not divide hidden_size {dim}")
+    head_dim = dim // n_heads
+    if c.get("head_dim") is not None and c["head_dim"] != head_dim:
+        if not spec.own_head_dim:
+            f.bad("head_dim", f"expected hidden_size / num_attention_heads = {head_dim}, found {c['head_dim']!r} "
+                              "(a head dimension of its own is not supported)")
+        head_dim = f.int("head_dim")
+    act = c.get("hidden_act", spec.hf_activations[0])
+    if act not in spec.hf_activations:
+        f.bad("hidden_act", f"activation {act!r} is not supported (supported: "
+                            f"{', '.join(repr(a) for a in spec.hf_activations)})")
+    for key in ("attention_bias", "mlp_bias"):
+        if c.get(key) and not (key == "attention_bias" and spec.flags.get("qkv_bias")):
+            f.bad(key, "biases are not supported")
+    if c.get("partial_rotary_factor", 1.0) not in (1, 1.0, None):
+        f.bad("partial_rotary_factor", f"partial RoPE is not supported, found {c['partial_rotary_factor']!r}")
+    rope = _rope(f, spec)
+    tie = c.get("tie_word_embeddings", False)
+    if not isinstance(tie, bool):
+        f.bad("tie_word_embeddings", f"expected true or false, found {tie!r}")
+    fields = dict(arch=spec.name, n_layers=f.int("num_hidden_layers"), dim=dim, ffn_dim=f.int("intermediate_size"),
+                  n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, vocab_size=f.int("vocab_size"),
+                  context_length=f.int("max_position_embeddings"), rope=rope, rms_eps=f.float("rms_norm_eps"),
+                  **spec.flags)
+    if spec.hf_config is not None:
+        fields = spec.hf_config(f, fields)
+    cfg = ModelConfig(**fields).validate(cpath, {
+        "n_layers": "num_hidden_layers", "dim": "hidden_size", "ffn_dim": "intermediate_size",
+        "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads",
+        "head_dim": "head_dim" if c.get("head_dim") is not None else "num_attention_heads",
+        "vocab_size": "vocab_size", "context_length": "max_position_embeddings", "rope_base": "rope_theta",
+        "rms_eps": "rms_norm_eps",
+    })
+    return spec, cfg, tie, c
+
+
+# ---------------------------------------------------------------------------------------------------
+# Weight files
+
+
+def _find_weight_files(path: Path) -> tuple[list[SafetensorsFile], Path]:
+    """The directory's safetensors files (validated headers) and the file that lists them."""
+    single, index = path / SAFETENSORS_FILE, path / INDEX_FILE
+    if single.is_file():
+        return [SafetensorsFile(single)], single
+    if index.is_file():
+        idx = _read_json(index, INDEX_FILE)
+        wm = idx.get("weight_map")
+        if not isinstance(wm, dict) or not wm or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
+            raise ModelFormatError(index, "weight_map", "expected a non-empty object of tensor name -> shard file")
+        files: dict[str, SafetensorsFile] = {}
+        for name, shard in wm.items():
+            if shard in files:
+                continue
+            if Path(shard).name != shard or shard in (".", ".."):
+                raise ModelFormatError(index, f"weight_map.{name}",
+                                       f"shard {shard!r} is not a plain file name in the model directory")
+            if not (path / shard).is_file():
+                raise ModelFormatError(index, f"weight_map.{name}", f"shard {shard!r} is missing from {path}")
+            files[shard] = SafetensorsFile(path / shard)
+        for name, shard in wm.items():
+            if name not in files[shard].tensors:
+                raise ModelFormatError(index, f"weight_map.{name}", f"shard {shard!r} has no tensor {name!r}")
+        return list(files.values()), index
+    pickles = sorted({p.name for pat in PICKLE_PATTERNS for p in path.glob(pat) if p.is_file()})
+    if pickles:
+        raise ModelFormatError(
+            path / pickles[0], "weights",
+            f"only pickle checkpoints found ({', '.join(pickles)}): tinydet does not load them, because "
+            "unpickling can run arbitrary code; convert the model to safetensors (model.safetensors) first")
+    raise ModelFormatError(path / SAFETENSORS_FILE, "weights",
+                           f"missing: neither {SAFETENSORS_FILE} nor {INDEX_FILE} is in {path}")
+
+
+def _tensors(files: list[SafetensorsFile], spec: archs.ArchSpec, cfg: ModelConfig, tie: bool, listing: Path,
+             progress: Callable[[int, int, str], None] | None) -> dict[str, Tensor]:
+    where: dict[str, SafetensorsFile] = {}
+    for f in files:
+        for name in f.tensors:
+            if name in where:
+                raise ModelFormatError(f.path, name, f"tensor also stored in {where[name].path.name}")
+            where[name] = f
+    names = [(canon, t.hf.format(layer), t) for canon, t, layer in spec.tensors_for(cfg)]
+    known = {hname for _, hname, _ in names}
+    for name, f in where.items():
+        if name not in known and not name.endswith(_IGNORED_SUFFIXES):
+            raise ModelFormatError(f.path, name, f"unexpected tensor: not part of a {spec.hf_architectures[0]} "
+                                                 "with this config.json (biases, extra layers and other "
+                                                 "architectures are not supported)")
+    out: dict[str, Tensor] = {}
+    for done, (canon, hname, t) in enumerate(names):
+        if progress is not None:
+            progress(done, len(names), hname)
+        f = where.get(hname)
+        if f is None:
+            if canon == archs.TIED[0]:
+                if tie:
+                    continue  # tied below
+                raise ModelFormatError(listing, hname, "required tensor is missing (and config.json's "
+                                                       "tie_word_embeddings is false)")
+            raise ModelFormatError(listing, hname, "required tensor is missing")
+        st = f.tensors[hname]
+        want = t.shape_for(cfg)
+        if st.shape != want:
+            raise ModelFormatError(f.path, hname, f"expected shape {want} from config.json, found {st.shape}")
+        out[canon] = f.tensor(hname)
+    if archs.TIED[0] not in out:
+        out[archs.TIED[0]] = out[archs.TIED[1]]
+    if progress is not None:
+        progress(len(names), len(names), "")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tokenizer
+
+
+def _token_text(v: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string, an AddedToken dict, or null."""
+    if v is None or isinstance(v, str):
+        return v
+    if isinstance(v, dict) and isinstance(v.get("content"), str):
+        return v["content"]
+    return ""  # malformed: the caller reports it
+
+
+def _chat_template(v: Any, path: Path) -> str | None:
+    if v is None or isinstance(v, str):
+        return v
+    if isinstance(v, list) and all(isinstance(t, dict) and isinstance(t.get("name"), str)
+                                   and isinstance(t.get("template"), str) for t in v):
+        by_name = {t["name"]: t["template"] for t in v}
+        return by_name.get("default", v[0]["template"] if v else None)
+    raise ModelFormatError(path, "chat_template", "expected a string or a list of {name, template} objects")
+
+
+def _id_list(v: Any, path: Path, field: str, n: int) -> list[int]:
+    ids = v if isinstance(v, list) else [v]
+    for i in ids:
+        if not _is_int(i):
+            raise ModelFormatError(path, field, f"expected a token id or a list of them, found {v!r}")
+        if not 0 <= i < n:
+            raise ModelFormatError(path, field, f"token id {i} is outside the vocabulary (0..{n - 1})")
+    return list(ids)
+
+
+def read_hf_tokenizer(path: str | Path, raw_config: dict | None = None) -> Tokenizer:
+    """Tokenizer from tokenizer.json, with BOS/EOS, their insertion and the chat template from
+    tokenizer_config.json, generation_config.json (and config.json's ids as a fallback)."""
+    import tokenizers
+
+    path = Path(path)
+    tpath = path / TOKENIZER_FILE
+    if not tpath.is_file():
+        extra = " (a SentencePiece tokenizer.model alone is not supported)" if (path / "tokenizer.model").exists() else ""
+        raise ModelFormatError(tpath, TOKENIZER_FILE, f"missing: tinydet needs a fast tokenizer file{extra}")
+    try:
+        hf = tokenizers.Tokenizer.from_file(str(tpath))
+    except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exceptions on bad files
+        raise ModelFormatError(tpath, TOKENIZER_FILE, f"does not parse as a tokenizers file: {_one_line(e)}") from None
+    n = hf.get_vocab_size(with_added_tokens=True)
+
+    tcpath = path / TOKENIZER_CONFIG_FILE
+    tc = _read_json(tcpath, TOKENIZER_CONFIG_FILE, required=False) or {}
+    gcpath = path / GENERATION_CONFIG_FILE
+    gc = _read_json(gcpath, GENERATION_CONFIG_FILE, required=False) or {}
+    cc = raw_config or {}
+    ccpath = path / CONFIG_FILE
+
+    def token_id(key) -> int | None:
+        text = _token_text(tc.get(key))
+        if text is None:
+            return None
+        if text == "":
+            raise ModelFormatError(tcpath, key, f"expected a token string or an AddedToken object, found {tc[key]!r}")
+        tid = hf.token_to_id(text)
+        if tid is None:
+            raise ModelFormatError(tcpath, key, f"token {text!r} is not in tokenizer.json's vocabulary")
+        return tid
+
+    bos_id = token_id("bos_token")
+    if bos_id is None:
+        for src, p in ((gc, gcpath), (cc, ccpath)):
+            if src.get("bos_token_id") is not None:
+                bos_id = _id_list(src["bos_token_id"], p, "bos_token_id", n)[0]
+                break
+    eos_ids: list[int] = []
+    tc_eos = token_id("eos_token")
+    if tc_eos is not None:
+        eos_ids.append(tc_eos)
+    for src, p in ((gc, gcpath), (cc, ccpath)):
+        if src.get("eos_token_id") is not None:
+            eos_ids += _id_list(src["eos_token_id"], p, "eos_token_id", n)
+            break
+
+    # Whether BOS/EOS are added: tokenizer_config.json's flags when it has them, else what
+    # tokenizer.json's post-processor does (which is what transformers then does too).
+    plain = hf.encode("a", add_special_tokens=False).ids
+    full = hf.encode("a", add_special_tokens=True).ids
+    pre, post = [], []
+    for k in range(len(full) - len(plain) + 1):
+        if full[k:k + len(plain)] == plain:
+            pre, post = full[:k], full[k + len(plain):]
+            break
+    flags = {}
+    for key, inferred, tid in (("add_bos_token", pre == [bos_id], bos_id),
+                               ("add_eos_token", post == [eos_ids[0]] if eos_ids else False, None)):
+        v = tc.get(key)
+        if v is None:
+            flags[key] = inferred
+        elif not isinstance(v, bool):
+            raise ModelFormatError(tcpath, key, f"expected true or false, found {v!r}")
+        else:
+            flags[key] = v
+    if flags["add_bos_token"] and bos_id is None:
+        raise ModelFormatError(tcpath, "add_bos_token", "is true but no BOS token is defined")
+    if flags["add_eos_token"] and not eos_ids:
+        raise ModelFormatError(tcpath, "add_eos_token", "is true but no EOS token is defined")
+
+    tok = Tokenizer.from_hf(hf, bos_id=bos_id, eos_ids=eos_ids,
+                            add_bos=flags["add_bos_token"], add_eos=flags["add_eos_token"])
+    jinja = path / CHAT_TEMPLATE_FILE
+    if jinja.is_file():
+        tok.chat_template = jinja.read_text(encoding="utf-8")
+    else:
+        tok.chat_template = _chat_template(tc.get("chat_template"), tcpath)
+    for attr, key in (("unk_id", "unk_token"), ("pad_id", "pad_token")):
+        text = _token_text(tc.get(key))
+        if text:
+            setattr(tok, attr, hf.token_to_id(text))
+    return tok
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+def open_hf_dir(path: str | Path, progress: Callable[[int, int, str], None] | None = None) -> Checkpoint:
+    """A Hugging Face directory -> Checkpoint. `progress(done, total, name)` is called as each tensor
+    is found and checked, and once at the end."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ModelFormatError(path, "path", "not a directory")
+    spec, cfg, tie, raw = read_hf_config(path)
+    files, listing = _find_weight_files(path)
+    tokenizer = read_hf_tokenizer(path, raw)
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise ModelFormatError(path / TOKENIZER_FILE, TOKENIZER_FILE,
+                               f"{tokenizer.vocab_size} tokens but config.json's vocab_size is {cfg.vocab_size}")
+    tensors = _tensors(files, spec, cfg, tie, listing, progress)
+    metadata = {
+        "format": "huggingface",
+        "config": raw,
+        "files": [f.path.name for f in files],
+        "safetensors_metadata": files[0].metadata if len(files) == 1 else {f.path.name: f.metadata for f in files},
+    }
+    stored = [(name, st.dtype, st.shape) for f in files for name, st in f.tensors.items()]
+    return Checkpoint(cfg, tensors, tokenizer, metadata, path, spec, "huggingface", stored)
