@@ -79,7 +79,7 @@ class TinydetWorker(Worker):
         import tinydet
 
         self.model = tinydet.load(model, dtype=dtype, threads=threads)
-        self.tr = self.model.transformer
+        self.tr = getattr(self.model, "backend", None) or self.model.transformer  # this or an older tinydet
         self.threads = threads
         self.version = tinydet.__version__
 

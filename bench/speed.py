@@ -26,23 +26,23 @@ def main() -> None:
     t0 = time.perf_counter()
     model = tinydet.load(a.model, dtype=a.dtype, threads=a.threads)
     load_s = time.perf_counter() - t0
-    tr = model.transformer
+    tr = model.backend
     vocab = model.config.vocab_size
     prompt = [(i * 7919 + 13) % vocab for i in range(a.prompt_tokens)]
     t0 = time.perf_counter()
-    tr.forward(prompt[:4], tr.new_cache(8), threads=model.threads)  # compile or load kernels
+    tr.forward(prompt[:4], tr.new_cache(8))  # compile or load kernels
     warm_s = time.perf_counter() - t0
 
     prefill, decode = [], []
     for _ in range(a.repeats):
         cache = tr.new_cache(a.prompt_tokens + a.new_tokens)
         t0 = time.perf_counter()
-        logits = tr.forward(prompt, cache, threads=model.threads)
+        logits = tr.forward(prompt, cache)
         prefill.append(a.prompt_tokens / (time.perf_counter() - t0))
         tok = int(logits[0].argmax())
         t0 = time.perf_counter()
         for _ in range(a.new_tokens):
-            tok = int(tr.forward([tok], cache, threads=model.threads)[0].argmax())
+            tok = int(tr.forward([tok], cache)[0].argmax())
         decode.append(a.new_tokens / (time.perf_counter() - t0))
     print(f"model {a.model} dtype {a.dtype} threads {model.threads}")
     print(f"load {load_s:.2f} s, first forward (compile/cache load) {warm_s:.2f} s")

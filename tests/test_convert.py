@@ -16,7 +16,7 @@ import pytest
 import tinydet
 from tinydet.convert import convert_gguf_to_hf
 from tinydet.errors import TinydetError
-from tinydet.kernels import cpu
+from tinydet.backends.cpu import simd as cpu
 
 from reference import hf_greedy
 

@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 
-from tinydet.kernels.cpu import from_f16_bits, to_f16_bits
-from tinydet.kernels.mathfn import exp32, exp64, log64, sincos64
+from tinydet.backends.cpu.mathfn import exp32, exp64, log64, sincos64, tanh32, tanh64
+from tinydet.backends.cpu.simd import from_f16_bits, to_f16_bits
 
 
 def ulps(a: float, b: float) -> float:

@@ -15,9 +15,10 @@ PROMPT_IDS_STORIES = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 
 
 def run_chunked(model, ids, chunk, threads):
     """Logits for every position, feeding `ids` in chunks of `chunk` tokens through one KV cache."""
-    tr = model.transformer
-    cache = tr.new_cache(len(ids))
-    rows = [tr.forward(ids[i:i + chunk], cache, all_logits=True, threads=threads) for i in range(0, len(ids), chunk)]
+    model.threads = threads
+    backend = model.backend
+    cache = backend.new_cache(len(ids))
+    rows = [backend.forward(ids[i:i + chunk], cache, all_logits=True) for i in range(0, len(ids), chunk)]
     return np.concatenate(rows)
 
 

@@ -1,6 +1,7 @@
-"""Native quantized storage (tinydet.qpack + kernels/qcpu.py): products straight from Q8_0/Q4_0/Q4_1
-blocks must be bit-identical to cpu.matmul over the exactly dequantized matrix, at every thread count,
-token count and row permutation, on random blocks and on the real SmolLM2 file."""
+"""Native quantized storage (backends/cpu: layout.py's quantized panels, read by loaders.py): products
+straight from Q8_0/Q4_0/Q4_1 blocks must be bit-identical to the matrix product over the exactly
+dequantized matrix, at every thread count, token count and row permutation, on random blocks and on
+the real SmolLM2 file."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ import numba
 import numpy as np
 import pytest
 
-from tinydet import qpack
 from tinydet.formats.ggml import GGML_TYPE_IDS, GGML_TYPES
 from tinydet.formats.gguf import GGUFFile
 from tinydet.formats.gguf_model import rope_row_order
-from tinydet.kernels import cpu, qcpu
+from tinydet.backends.cpu import layout, loaders, simd
+from tinydet.backends.cpu.matmul import MM_PLAIN, matmul, mm
 from tinydet.formats.dequant import dequantize
 
 NATIVE = ["Q8_0", "Q4_0", "Q4_1"]
@@ -73,13 +74,13 @@ def random_blocks(name: str, n: int, k: int, seed: int, nonfinite: bool = False)
 
 def fp32_product(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     out = np.empty((x.shape[0], w.shape[0]), np.float32)
-    cpu.matmul(x, cpu.pack_panels(w), w.shape[0], out)
+    matmul(x, layout.pack_panels(w), w.shape[0], out)
     return out
 
 
-def native_product(x: np.ndarray, qp: qpack.QPanels, res: np.ndarray | None = None) -> np.ndarray:
+def native_product(x: np.ndarray, qp: layout.QPanels, res: np.ndarray | None = None) -> np.ndarray:
     out = np.full((x.shape[0], qp.n), np.nan, np.float32)
-    qcpu.qmatmul(x, qp, qp.n, out, res)
+    matmul(x, qp, qp.n, out, res)
     return out
 
 
@@ -91,10 +92,10 @@ def restore_threads():
 
 
 def test_constants_match_the_float_kernel():
-    assert qcpu.KBLOCK == cpu.KBLOCK
-    assert qpack.PANEL == qcpu.LANES and qcpu.WIDE == 2 * qcpu.LANES
-    assert {qpack.Q8_0, qpack.Q4_0, qpack.Q4_1} == {qcpu.Q8_0, qcpu.Q4_0, qcpu.Q4_1} == {
-        GGML_TYPE_IDS[n] for n in NATIVE}
+    # a quantized panel is one 32-lane vector, a pair of them one 64-lane float panel's width
+    assert layout.QPANEL == simd.HALF and simd.LANES == 2 * simd.HALF == 64
+    assert layout.QBLOCK == 32 and simd.KBLOCK % layout.QBLOCK == 0
+    assert set(layout.NATIVE_TYPES) == {layout.Q8_0, layout.Q4_0, layout.Q4_1} == {GGML_TYPE_IDS[n] for n in NATIVE}
 
 
 # --- 1. random blocks: bit for bit against the fp32 path, every T and thread count ------------------------
@@ -106,7 +107,7 @@ def test_qmatmul_equals_fp32_matmul(name, shape, restore_threads):
     tid = GGML_TYPE_IDS[name]
     raw = random_blocks(name, n, k, seed=n + k)
     w = dequantize(raw, tid, (n, k))
-    qp = qpack.pack_quantized(raw, tid, k)
+    qp = layout.pack_quantized(raw, tid, k)
     assert qp.d.dtype == np.uint16  # finite scales: kept as fp16 bits
     rng = np.random.default_rng(7)
     for T in TOKENS:
@@ -126,7 +127,7 @@ def test_nonfinite_scales(name, restore_threads):
     raw = random_blocks(name, n, k, seed=3, nonfinite=True)
     w = dequantize(raw, tid, (n, k))
     assert np.isnan(w).any() and np.isinf(w).any()
-    qp = qpack.pack_quantized(raw, tid, k)
+    qp = layout.pack_quantized(raw, tid, k)
     x = np.random.default_rng(1).standard_normal((9, k)).astype(np.float32)
     want = fp32_product(x, w)
     for threads in (1, 2):
@@ -140,16 +141,16 @@ def test_float32_scales_fallback():
     widened by NumPy; the kernels take float32 scales as well as fp16 bits and give the same result."""
     n, k = 70, 128
     raw = random_blocks("Q4_1", n, k, seed=5)
-    qp = qpack.pack_quantized(raw, qpack.Q4_1, k)
-    as_f32 = qpack.QPanels(qp.ggml_type, n, k, qp.qs, qp.d.view(np.float16).astype(np.float32),
+    qp = layout.pack_quantized(raw, layout.Q4_1, k)
+    as_f32 = layout.QPanels(qp.ggml_type, n, k, qp.qs, qp.d.view(np.float16).astype(np.float32),
                            qp.m.view(np.float16).astype(np.float32))
     x = np.random.default_rng(2).standard_normal((5, k)).astype(np.float32)
     for T in (1, 5):
         assert_same_bits(native_product(x[:T], as_f32), native_product(x[:T], qp))
-    # the packer's mirror of the kernel's widening agrees with NumPy on every non-NaN fp16 pattern
+    # the kernels' integer widening (the packer's check) agrees with NumPy on every non-NaN fp16 pattern
     allh = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     want = allh.view(np.float16).astype(np.float32)
-    got = qpack._widen_bits(allh)
+    got = simd.from_f16_bits(allh).view(np.uint32)
     finite = ~np.isnan(want)
     assert np.array_equal(got[finite], want.view(np.uint32)[finite])
     assert np.isnan(got.view(np.float32)[~finite]).all()
@@ -173,7 +174,7 @@ def test_every_quant_value_and_sign_is_exact():
             off = 2 if name == "Q4_0" else 4
             b[:, off:off + 16] = (q[:, :16] % 16) | ((q[:, 16:] % 16) << 4)
         w = dequantize(b, tid, (n, k))
-        qp = qpack.pack_quantized(b, tid, k)
+        qp = layout.pack_quantized(b, tid, k)
         x = np.eye(k, dtype=np.float32)
         # each output is 0 + w * 1 = w (a -0.0 weight gives +0.0)
         assert_same_bits(native_product(x, qp), np.ascontiguousarray(w.T) + np.float32(0.0), name)
@@ -210,14 +211,14 @@ def test_pack_parts_equals_packing_the_permuted_concatenation(name, restore_thre
     raw_q = random_blocks(name, q_rows, k, seed=11)
     raw_k = random_blocks(name, kv_rows, k, seed=12)
     raw_v = random_blocks(name, kv_rows, k, seed=13)
-    qp = qpack.pack_parts([(raw_q, rope_row_order(q_rows, 6), tid),
+    qp = layout.pack_parts([(raw_q, rope_row_order(q_rows, 6), tid),
                            (raw_k, rope_row_order(kv_rows, 2), tid), (raw_v, None, tid)], tid, k)
     w = np.concatenate([unpermute_rope_rows(dequantize(raw_q, tid, (q_rows, k)), 6),
                         unpermute_rope_rows(dequantize(raw_k, tid, (kv_rows, k)), 2),
                         dequantize(raw_v, tid, (kv_rows, k))])
     assert qp.n == w.shape[0]
     rows = np.empty_like(w)
-    qcpu.embed(qp, np.arange(qp.n), rows)
+    loaders.embed(qp, np.arange(qp.n), rows)
     assert_same_bits(rows, w, "rows")
     x = np.random.default_rng(3).standard_normal((7, k)).astype(np.float32)
     for threads in (1, 3):
@@ -227,7 +228,7 @@ def test_pack_parts_equals_packing_the_permuted_concatenation(name, restore_thre
     # the same as packing once from the permuted raw rows, and a flat byte buffer is accepted
     order = np.concatenate([rope_row_order(q_rows, 6), q_rows + rope_row_order(kv_rows, 2),
                             q_rows + kv_rows + np.arange(kv_rows)])
-    whole = qpack.pack_quantized(np.concatenate([raw_q, raw_k, raw_v]).reshape(-1), tid, k, order)
+    whole = layout.pack_quantized(np.concatenate([raw_q, raw_k, raw_v]).reshape(-1), tid, k, order)
     for a, b in ((qp.qs, whole.qs), (qp.d, whole.d), (qp.m, whole.m)):
         assert (a is None and b is None) or np.array_equal(a, b)
 
@@ -238,95 +239,95 @@ def test_embed_rows_equal_dequantize(name):
     n, k = 300, 96
     raw = random_blocks(name, n, k, seed=21, nonfinite=True)
     w = dequantize(raw, tid, (n, k))
-    qp = qpack.pack_quantized(raw, tid, k)
+    qp = layout.pack_quantized(raw, tid, k)
     ids = np.array([0, 299, 31, 32, 33, 150, 150, 7])
     out = np.empty((ids.size, k), np.float32)
-    qcpu.embed(qp, ids, out)
+    loaders.embed(qp, ids, out)
     assert_same_bits(out, w[ids])
 
 
 @pytest.mark.parametrize("name", NATIVE)
 def test_stack_and_residual(name, restore_threads):
-    """qpack.stack keeps each layer's matrix; the residual variant adds exactly out into res."""
+    """layout.stack keeps each layer's matrix; the residual variant adds exactly out into res."""
     tid = GGML_TYPE_IDS[name]
     n, k = 96, 128
-    layers = [qpack.pack_quantized(random_blocks(name, n, k, seed=30 + i), tid, k) for i in range(3)]
-    st = qpack.stack(layers)
+    layers = [layout.pack_quantized(random_blocks(name, n, k, seed=30 + i), tid, k) for i in range(3)]
+    st = layout.stack(layers)
     assert st.qs.shape == (3,) + layers[0].qs.shape
     rng = np.random.default_rng(4)
     for T in (1, 4, 8):
         x = rng.standard_normal((T, k)).astype(np.float32)
         for i, lq in enumerate(layers):
-            one = qpack.QPanels(st.ggml_type, n, k, st.qs[i], st.d[i], None if st.m is None else st.m[i])
+            one = layout.QPanels(st.ggml_type, n, k, st.qs[i], st.d[i], None if st.m is None else st.m[i])
             out = native_product(x, one)
             assert_same_bits(out, native_product(x, lq))
             res = rng.standard_normal((T, n)).astype(np.float32)
-            want = res + out  # one elementwise float32 add, as cpu.add_inplace(res, out)
+            want = res + out  # one elementwise float32 add, as ops.add_rows(res, out)
             got = native_product(x, lq, res)
             assert_same_bits(got, out)
             assert_same_bits(res, want)
 
 
 def test_jitted_entry_points():
-    """q_mm / q_mm_layer (for a forward pass compiled as one function) pick the kernel by the arrays'
-    types and give qmatmul's bits."""
+    """mm on loaders.layer (as the one-call forward pass uses them) picks the loader by the arrays'
+    types and gives matmul's bits."""
     @numba.njit
-    def run(x, qs, d, m, li, n, out, res):
-        qcpu.q_mm_layer(x, qs, d, m, li, n, out, res, 2)
+    def run(x, qs, d, m, li, n, out):
+        mm(x, loaders.layer((qs, d, m), li), n, out, 2, MM_PLAIN, out, out, 0)
 
     rng = np.random.default_rng(5)
     for name in NATIVE:
         tid = GGML_TYPE_IDS[name]
         n, k = 70, 64
-        layers = [qpack.pack_quantized(random_blocks(name, n, k, seed=40 + i), tid, k) for i in range(2)]
-        st = qpack.stack(layers)
+        layers = [layout.pack_quantized(random_blocks(name, n, k, seed=40 + i), tid, k) for i in range(2)]
+        st = layout.stack(layers)
         for T in (1, 6):
             x = rng.standard_normal((T, k)).astype(np.float32)
             for li in range(2):
                 got = np.empty((T, n), np.float32)
-                run(x, st.qs, st.d, st.m, li, n, got, None)
+                run(x, st.qs, st.d, st.m, li, n, got)
                 assert_same_bits(got, native_product(x, layers[li]), f"{name} T={T} layer {li}")
 
 
 def test_bytes_per_weight():
     n, k = 640, 1024
-    per_weight = {name: qpack.pack_quantized(random_blocks(name, n, k, 0), GGML_TYPE_IDS[name], k).nbytes / (n * k)
+    per_weight = {name: layout.pack_quantized(random_blocks(name, n, k, 0), GGML_TYPE_IDS[name], k).nbytes / (n * k)
                   for name in NATIVE}
     assert per_weight == {"Q8_0": 34 / 32, "Q4_0": 18 / 32, "Q4_1": 20 / 32}  # GGUF's own sizes
 
 
 def test_errors():
     raw = random_blocks("Q4_1", 64, 64, 0)
-    qp = qpack.pack_quantized(raw, qpack.Q4_1, 64)
+    qp = layout.pack_quantized(raw, layout.Q4_1, 64)
     with pytest.raises(ValueError, match="native storage handles"):
-        qpack.pack_quantized(raw, GGML_TYPE_IDS["Q6_K"], 64)
+        layout.pack_quantized(raw, GGML_TYPE_IDS["Q6_K"], 64)
     with pytest.raises(ValueError, match="permutation"):
-        qpack.pack_quantized(raw, qpack.Q4_1, 64, np.zeros(64, np.int64))
+        layout.pack_quantized(raw, layout.Q4_1, 64, np.zeros(64, np.int64))
     with pytest.raises(ValueError, match="whole number of rows"):
-        qpack.pack_quantized(raw.reshape(-1)[:-1], qpack.Q4_1, 64)
+        layout.pack_quantized(raw.reshape(-1)[:-1], layout.Q4_1, 64)
     with pytest.raises(ValueError, match="multiple of 32"):
-        qpack.pack_quantized(raw, qpack.Q4_1, 48)
+        layout.pack_quantized(raw, layout.Q4_1, 48)
     with pytest.raises(ValueError, match="differ"):
-        qpack.stack([qp, qpack.pack_quantized(raw, qpack.Q4_1, 32)])
+        layout.stack([qp, layout.pack_quantized(raw, layout.Q4_1, 32)])
     with pytest.raises(ValueError, match="share one type"):
-        qpack.pack_parts([(raw, None, qpack.Q4_1), (raw, None, qpack.Q8_0)], qpack.Q4_1, 64)
-    assert qpack.pack_parts([(raw, None, qpack.Q4_1), (raw, None)], qpack.Q4_1, 64).n == 128
+        layout.pack_parts([(raw, None, layout.Q4_1), (raw, None, layout.Q8_0)], layout.Q4_1, 64)
+    assert layout.pack_parts([(raw, None, layout.Q4_1), (raw, None)], layout.Q4_1, 64).n == 128
     x = np.zeros((2, 64), np.float32)
     with pytest.raises(ValueError, match="do not fit"):
-        qcpu.qmatmul(x, qp, 64, np.empty((3, 64), np.float32))
+        matmul(x, qp, 64, np.empty((3, 64), np.float32))
     with pytest.raises(ValueError, match="do not fit"):
-        qcpu.qmatmul(np.zeros((2, 32), np.float32), qp, 64, np.empty((2, 64), np.float32))
+        matmul(np.zeros((2, 32), np.float32), qp, 64, np.empty((2, 64), np.float32))
     with pytest.raises(ValueError, match="do not fit"):
-        qcpu.qmatmul(x, qp, 65, np.empty((2, 65), np.float32))
+        matmul(x, qp, 65, np.empty((2, 65), np.float32))
     with pytest.raises(TypeError, match="C-contiguous float32"):
-        qcpu.qmatmul(x.astype(np.float64), qp, 64, np.empty((2, 64), np.float32))
+        matmul(x.astype(np.float64), qp, 64, np.empty((2, 64), np.float32))
     with pytest.raises(TypeError, match="C-contiguous float32"):
-        qcpu.qmatmul(x, qp, 64, np.empty((64, 2), np.float32).T)
+        matmul(x, qp, 64, np.empty((64, 2), np.float32).T)
     with pytest.raises(ValueError, match="layout"):
-        qcpu.qmatmul(x, qpack.QPanels(qp.ggml_type, qp.n, qp.k, qp.qs[:, :1], qp.d, qp.m), 64,
+        matmul(x, layout.QPanels(qp.ggml_type, qp.n, qp.k, qp.qs[:, :1], qp.d, qp.m), 64,
                      np.empty((2, 64), np.float32))
     with pytest.raises(ValueError, match="row ids"):
-        qcpu.embed(qp, np.array([64]), np.empty((1, 64), np.float32))
+        loaders.embed(qp, np.array([64]), np.empty((1, 64), np.float32))
 
 
 def test_generic_x86_64_target_gives_the_same_bits(tmp_path):
@@ -334,16 +335,16 @@ def test_generic_x86_64_target_gives_the_same_bits(tmp_path):
     script = tmp_path / "gen.py"
     script.write_text(
         "import sys, numpy as np, tinydet\n"
-        "from tinydet import qpack\n"
-        "from tinydet.kernels import qcpu\n"
+        "from tinydet.backends.cpu import layout\n"
+        "from tinydet.backends.cpu.matmul import matmul\n"
         "sys.path.insert(0, sys.argv[1])\n"
         "from test_native import random_blocks\n"
         "raw = random_blocks('Q4_1', 100, 160, 9)\n"
-        "qp = qpack.pack_quantized(raw, qpack.Q4_1, 160)\n"
+        "qp = layout.pack_quantized(raw, layout.Q4_1, 160)\n"
         "x = np.random.default_rng(0).standard_normal((7, 160)).astype(np.float32)\n"
         "out = np.empty((8, 100), np.float32)\n"
-        "qcpu.qmatmul(x[:1], qp, 100, out[:1])\n"
-        "qcpu.qmatmul(x, qp, 100, out[1:])\n"
+        "matmul(x[:1], qp, 100, out[:1])\n"
+        "matmul(x, qp, 100, out[1:])\n"
         "np.save(sys.argv[2], out)\n")
     env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path / "cache"))
     env.pop("NUMBA_CPU_FEATURES", None)
@@ -354,7 +355,7 @@ def test_generic_x86_64_target_gives_the_same_bits(tmp_path):
     got = np.load(dest)
     raw = random_blocks("Q4_1", 100, 160, 9)
     x = np.random.default_rng(0).standard_normal((7, 160)).astype(np.float32)
-    want = fp32_product(x, dequantize(raw, qpack.Q4_1, (100, 160)))
+    want = fp32_product(x, dequantize(raw, layout.Q4_1, (100, 160)))
     assert_same_bits(got[:1], want[:1])
     assert_same_bits(got[1:], want)
 
@@ -381,19 +382,19 @@ def test_smollm_every_matrix_bit_identical(smollm_path, restore_threads):
         q_rows, kv_rows = info[blk + "attn_q.weight"].shape[0], info[blk + "attn_k.weight"].shape[0]
         tid = info[blk + "attn_q.weight"].ggml_type
         mats = {
-            "wqkv": (qpack.pack_parts([(raw(blk + "attn_q.weight"), rope_row_order(q_rows, n_heads)),
+            "wqkv": (layout.pack_parts([(raw(blk + "attn_q.weight"), rope_row_order(q_rows, n_heads)),
                                        (raw(blk + "attn_k.weight"), rope_row_order(kv_rows, n_kv)),
                                        (raw(blk + "attn_v.weight"), None)], tid, dim),
                      lambda: np.concatenate([unpermute_rope_rows(deq(blk + "attn_q.weight"), n_heads),
                                              unpermute_rope_rows(deq(blk + "attn_k.weight"), n_kv),
                                              deq(blk + "attn_v.weight")])),
-            "wo": (qpack.pack_quantized(raw(blk + "attn_output.weight"), info[blk + "attn_output.weight"].ggml_type,
+            "wo": (layout.pack_quantized(raw(blk + "attn_output.weight"), info[blk + "attn_output.weight"].ggml_type,
                                         info[blk + "attn_output.weight"].shape[1]),
                    lambda: deq(blk + "attn_output.weight")),
-            "w13": (qpack.pack_parts([(raw(blk + "ffn_gate.weight"), None), (raw(blk + "ffn_up.weight"), None)],
+            "w13": (layout.pack_parts([(raw(blk + "ffn_gate.weight"), None), (raw(blk + "ffn_up.weight"), None)],
                                      info[blk + "ffn_gate.weight"].ggml_type, dim),
                     lambda: np.concatenate([deq(blk + "ffn_gate.weight"), deq(blk + "ffn_up.weight")])),
-            "w2": (qpack.pack_quantized(raw(blk + "ffn_down.weight"), info[blk + "ffn_down.weight"].ggml_type,
+            "w2": (layout.pack_quantized(raw(blk + "ffn_down.weight"), info[blk + "ffn_down.weight"].ggml_type,
                                         info[blk + "ffn_down.weight"].shape[1]),
                    lambda: deq(blk + "ffn_down.weight")),
         }
@@ -411,14 +412,14 @@ def test_smollm_every_matrix_bit_identical(smollm_path, restore_threads):
     tid = info["token_embd.weight"].ggml_type
     assert GGML_TYPES[tid].name == "Q8_0" and "output.weight" not in info
     table = deq("token_embd.weight")
-    qp = qpack.pack_quantized(raw("token_embd.weight"), tid, dim)
+    qp = layout.pack_quantized(raw("token_embd.weight"), tid, dim)
     x = rng.standard_normal((3, dim)).astype(np.float32)
     want = fp32_product(x, table)
     assert_same_bits(native_product(x, qp), want, "output T=3")
     assert_same_bits(native_product(x[2:], qp), want[2:], "output T=1")
     ids = np.array([0, 1, 2, 100, 49151, 12345])
     rows = np.empty((ids.size, dim), np.float32)
-    qcpu.embed(qp, ids, rows)
+    loaders.embed(qp, ids, rows)
     assert_same_bits(rows, table[ids], "embedding")
 
 
@@ -429,13 +430,13 @@ def test_signaling_nan_scales_are_stored_widened():
     raw = random_blocks("Q8_0", n, k, seed=7)
     blocks = raw.reshape(n, k // 32, 34)
     blocks[3, 1, 0:2] = np.array([0x7C01], "<u2").view(np.uint8)  # a signaling NaN scale
-    qp = qpack.pack_quantized(raw, qpack.Q8_0, k)
+    qp = layout.pack_quantized(raw, layout.Q8_0, k)
     assert qp.d.dtype == np.float32
-    w = dequantize(raw, qpack.Q8_0, (n, k))
+    w = dequantize(raw, layout.Q8_0, (n, k))
     x = np.random.default_rng(4).standard_normal((3, k)).astype(np.float32)
     for T in (1, 3):
         assert_same_bits(native_product(x[:T], qp), fp32_product(x[:T], w))
-    clean = qpack.pack_quantized(random_blocks("Q8_0", n, k, seed=7), qpack.Q8_0, k)
+    clean = layout.pack_quantized(random_blocks("Q8_0", n, k, seed=7), layout.Q8_0, k)
     assert clean.d.dtype == np.uint16
 
 

@@ -11,7 +11,6 @@ from click.testing import CliRunner
 
 import tinydet
 from tinydet.cli import main
-from tinydet.kernels import cpu
 from tinydet.trace import OPS, diff_traces, run_trace, write_trace
 
 PROMPT = "Once upon a time, there was a little girl named Lily. She loved to"
@@ -63,24 +62,28 @@ def test_traces_agree_across_threads_and_chunking(tmp_path, stories_models, dtyp
     assert code.exit_code == 0 and "identical" in code.output
 
 
-def test_injected_thread_dependent_sum_is_named(tmp_path, stories_path, monkeypatch):
+def test_injected_thread_dependent_sum_is_named(tmp_path, stories_path):
     model = tinydet.load(stories_path, dtype="fp32")
-    target = model.transformer.layers[2].w2  # the down projection of layer 2
-    original = cpu.matmul
+    wp = model.backend.weights.w2[2]  # the down projection of layer 2, as panels
+    seen = {}
 
-    def racy_matmul(x, wp, n_out, out):
-        if wp is not target:
-            return original(x, wp, n_out, out)
-        # Each "thread" sums its own slice of k; partials are added in thread order, so the
-        # result depends on the thread count (the bug class this tool exists to find).
-        k = wp.shape[1]
-        w = wp.transpose(0, 2, 1).reshape(-1, k)[:n_out].astype(np.float32)
-        acc = np.zeros((x.shape[0], n_out), np.float32)
-        for part in np.array_split(np.arange(k), numba.get_num_threads()):
-            acc += x[:, part] @ w[:, part].T
-        out[:] = acc
+    def racy_down(layer, op, pos, slots, rows):
+        """Through the backend's fault-injection hooks: layer 2's down projection recomputed the racy
+        way. Each "thread" sums its own slice of k; partials are added in thread order, so the result
+        depends on the thread count (the bug class this tool exists to find)."""
+        if layer != 2:
+            return
+        if op == "activation":  # the down projection's input
+            seen["x"] = rows.copy()
+        elif op == "down":
+            x, k = seen["x"], wp.shape[1]
+            w = wp.transpose(0, 2, 1).reshape(-1, k)[:rows.shape[1]].astype(np.float32)
+            acc = np.zeros(rows.shape, np.float32)
+            for part in np.array_split(np.arange(k), numba.get_num_threads()):
+                acc += x[:, part] @ w[:, part].T
+            rows[:] = acc
 
-    monkeypatch.setattr(cpu, "matmul", racy_matmul)
+    model.backend.hooks.append(racy_down)
     model.threads = 1
     a = trace_to(tmp_path, "t1", model)
     model.threads = 2

@@ -10,49 +10,39 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-import numba
 import numpy as np
 
 from .errors import TinydetError
 from .generate import Generation, Request, SequenceState, check_context, generate, generate_batch, stream_generate
 from .formats import open_checkpoint
 from .hashing import file_sha256, hash_ids
-from .model import DTYPES, Transformer
+from .backends import Backend, load_backend
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
-
-
-def default_threads() -> int:
-    try:
-        n = len(os.sched_getaffinity(0))
-    except AttributeError:
-        n = os.cpu_count() or 1
-    return max(1, min(n, numba.config.NUMBA_NUM_THREADS))
-
-
-def check_threads(threads: int | None) -> int:
-    if threads is None:
-        return default_threads()
-    limit = numba.config.NUMBA_NUM_THREADS
-    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= limit:
-        raise TinydetError(f"threads: expected an integer from 1 to {limit} (NUMBA_NUM_THREADS), found {threads!r}")
-    return threads
 
 
 class Model:
     """A loaded model: tokenizer, packed weights and the settings it runs with."""
 
-    def __init__(self, path: Path, transformer: Transformer, tokenizer: Tokenizer, metadata: dict, threads: int,
+    def __init__(self, path: Path, backend: Backend, tokenizer: Tokenizer, metadata: dict,
                  log: str | os.PathLike | None = None):
         self.path = path
-        self.transformer = transformer
+        self.backend = backend
         self.tokenizer = tokenizer
         self.metadata = metadata
-        self.config = transformer.cfg
-        self.dtype = transformer.dtype
-        self.threads = threads
+        self.config = backend.config
+        self.dtype = backend.dtype
         self._sha256: str | None = None
         self.log = log  # a JSON-lines file that gets one line per request, or None
+
+    @property
+    def threads(self) -> int:
+        """Threads the backend's forward passes use (settable); the bits never depend on it."""
+        return self.backend.threads
+
+    @threads.setter
+    def threads(self, n: int) -> None:
+        self.backend.threads = n
 
     @property
     def sha256(self) -> str:
@@ -84,8 +74,8 @@ class Model:
         """float32 logits (len(token_ids), vocab) of a full causal pass from an empty cache."""
         ids = list(token_ids)
         check_context(len(ids), 0, self.config.context_length)
-        cache = self.transformer.new_cache(len(ids))
-        return self.transformer.forward(ids, cache, all_logits=True, threads=self.threads)
+        cache = self.backend.new_cache(len(ids))
+        return self.backend.forward(ids, cache, all_logits=True)
 
     def _params(self, temperature, top_k, top_p, min_p, seed) -> SamplingParams:
         return SamplingParams(temperature=float(temperature), top_k=top_k, top_p=float(top_p),
@@ -97,7 +87,7 @@ class Model:
         """Generate up to `max_tokens` tokens. Greedy when temperature is 0."""
         params = self._params(temperature, top_k, top_p, min_p, seed)
         ids = self.prompt_ids(prompt)
-        g = generate(self.transformer, self.tokenizer, ids, params, max_tokens, stop or (), self.threads)
+        g = generate(self.backend, self.tokenizer, ids, params, max_tokens, stop or ())
         g.settings = self._settings(params, max_tokens, stop)
         self._log(g)
         return g
@@ -114,7 +104,7 @@ class Model:
             "model_sha256": self.sha256, "prompt_hash": hash_ids(g.prompt_token_ids),
             "n_prompt_tokens": len(g.prompt_token_ids), "n_tokens": len(g.token_ids),
             "output_hash": g.output_hash, "logits_hash": g.logits_hash, "finish_reason": g.finish_reason,
-            "settings": g.settings, "dtype": self.dtype, "threads": self.threads, "backend": "cpu-numba",
+            "settings": g.settings, "dtype": self.dtype, "threads": self.threads, "backend": self.backend.name,
             "timings": {"prefill_seconds": g.prefill_seconds, "decode_seconds": g.decode_seconds,
                         "tokens_per_second": g.tokens_per_second},
         }
@@ -140,7 +130,7 @@ class Model:
                                   r.get("min_p", 0.0), r.get("seed", 0))
             reqs.append(Request(self.prompt_ids(r.get("prompt", "")), params, r.get("max_tokens", 256),
                                 r.get("stop") or ()))
-        out = generate_batch(self.transformer, self.tokenizer, reqs, max_batch, self.threads)
+        out = generate_batch(self.backend, self.tokenizer, reqs, max_batch)
         for r, g in zip(reqs, out):
             g.settings = self._settings(r.params, r.max_tokens, r.stop)
             self._log(g)
@@ -172,8 +162,7 @@ class Model:
         state = SequenceState(self.tokenizer, ids, params, max_tokens, stop or ())
         t0 = time.perf_counter()
         t_first = None
-        for r in stream_generate(self.transformer, self.tokenizer, ids, params, max_tokens, stop or (), self.threads,
-                                 state=state):
+        for r in stream_generate(self.backend, self.tokenizer, ids, params, max_tokens, stop or (), state=state):
             t_first = t_first or time.perf_counter()
             if r.text:
                 yield r.text
@@ -196,9 +185,10 @@ def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: i
     (time, request id, version, model SHA-256, prompt/output/logits hashes, settings, timings)."""
     from .registry import DEFAULT_MODEL
 
+    from .backends.cpu import DTYPES, check_threads
+
     if dtype not in DTYPES:
         raise TinydetError(f"dtype: expected one of {', '.join(DTYPES)}, found {dtype!r}")
-    threads = check_threads(threads)
+    check_threads(threads)
     ck = open_checkpoint(DEFAULT_MODEL if model is None else model, progress, verify=verify)
-    transformer = Transformer(ck.config, ck.tensors, dtype)
-    return Model(ck.path, transformer, ck.tokenizer, ck.metadata, threads, log)
+    return Model(ck.path, load_backend("cpu", ck.config, ck.tensors, dtype, threads), ck.tokenizer, ck.metadata, log)

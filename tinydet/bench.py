@@ -72,19 +72,22 @@ def bench_prompt(vocab_size: int, n: int, bos_id: int | None = None) -> list[int
     return ids
 
 
-def timed_greedy(tr, prompt: list[int], new_tokens: int, threads: int) -> tuple[float, float, float, list[int]]:
+def timed_greedy(backend, prompt: list[int], new_tokens: int, threads: int | None = None
+                 ) -> tuple[float, float, float, list[int]]:
     """One timed run from an empty KV cache: a forward over `prompt` and the greedy pick of the first
     new token (prefill, t0..t1), then `new_tokens` single-token forwards, each with a greedy pick
-    (decode, t1..t2). Returns (t0, t1, t2, the new_tokens + 1 ids picked). `bench/compare.py` times
-    tinydet with this too."""
-    cache = tr.new_cache(len(prompt) + new_tokens)
+    (decode, t1..t2), on `backend` (at `threads`, when given). Returns (t0, t1, t2, the new_tokens + 1
+    ids picked). `bench/compare.py` times tinydet with this too."""
+    if threads is not None:
+        backend.threads = threads
+    cache = backend.new_cache(len(prompt) + new_tokens)
     out = []
     t0 = time.perf_counter()
-    tok = int(np.argmax(tr.forward(prompt, cache, threads=threads)[0]))  # ties go to the lower id, as in sampling
+    tok = int(np.argmax(backend.forward(prompt, cache)[0]))  # ties go to the lower id, as in sampling
     t1 = time.perf_counter()
     for _ in range(new_tokens):
         out.append(tok)
-        tok = int(np.argmax(tr.forward([tok], cache, threads=threads)[0]))
+        tok = int(np.argmax(backend.forward([tok], cache)[0]))
     t2 = time.perf_counter()
     out.append(tok)
     return t0, t1, t2, out
@@ -130,7 +133,7 @@ def bench(model, prompt_tokens: int = 128, new_tokens: int = 64, repeats: int = 
         load_seconds = time.perf_counter() - t0
     elif threads is not None and threads != model.threads:
         raise TinydetError(f"threads: the model was loaded for {model.threads} threads, found {threads!r}")
-    tr = model.transformer
+    tr = model.backend
     cfg = model.config
     total = prompt_tokens + new_tokens
     if total > cfg.context_length:
@@ -152,7 +155,7 @@ def bench(model, prompt_tokens: int = 128, new_tokens: int = 64, repeats: int = 
 
     rss = peak_rss_bytes()
     probe = tr.new_cache(total)
-    kv_bytes = probe.k.nbytes + probe.v.nbytes
+    kv_bytes = probe.nbytes
     del probe
     weight_bytes = tr.weight_bytes()
     import numba

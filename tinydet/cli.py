@@ -84,7 +84,7 @@ _compile_notice = False  # the notice's listener is registered once per process
 
 def _load(model_name, dtype, threads, verify, log_path=None):
     from .api import load
-    from .kernels import on_first_compile
+    from .backends.cpu import on_first_compile
 
     global _compile_notice
     if not _compile_notice:

@@ -11,7 +11,7 @@ import numpy as np
 
 from .errors import ContextLengthError, TinydetError
 from .hashing import hash_ids, hash_logits
-from .model import Transformer
+from .backends import Backend
 from .sampling import SamplingParams, sample
 
 
@@ -25,8 +25,8 @@ def check_context(n_prompt: int, max_tokens: int, context_length: int) -> None:
             f"{context_length} tokens (at most {context_length - n_prompt} new tokens fit)")
 
 
-def generate_step(model: Transformer, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int,
-                  threads: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+def generate_step(model: Backend, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int
+                  ) -> Iterator[tuple[int, np.ndarray]]:
     """Yield (token id, the float32 logits row that chose it) for up to `max_tokens` tokens.
     The caller decides when to stop; nothing is computed past the last token taken."""
     if max_tokens < 1:
@@ -34,14 +34,14 @@ def generate_step(model: Transformer, prompt_ids: Sequence[int], params: Samplin
     n = len(prompt_ids)
     if n == 0:
         raise TinydetError("prompt: no tokens to start from")
-    check_context(n, max_tokens, model.cfg.context_length)
+    check_context(n, max_tokens, model.config.context_length)
     cache = model.new_cache(n + max_tokens)
-    logits = model.forward(prompt_ids, cache, threads=threads)[0]
+    logits = model.forward(prompt_ids, cache)[0]
     for step in range(max_tokens):
         tok = sample(logits, params, n + step)
         yield tok, logits
         if step + 1 < max_tokens:
-            logits = model.forward([tok], cache, threads=threads)[0]
+            logits = model.forward([tok], cache)[0]
 
 
 @dataclass
@@ -138,26 +138,25 @@ class SequenceState:
             logits_hash=hash_logits(self.rows), prefill_seconds=prefill_seconds, decode_seconds=decode_seconds)
 
 
-def stream_generate(model: Transformer, tokenizer, prompt_ids: Sequence[int], params: SamplingParams,
-                    max_tokens: int, stop: Sequence[str] = (), threads: int | None = None,
-                    state: "SequenceState | None" = None) -> Iterator[Response]:
+def stream_generate(model: Backend, tokenizer, prompt_ids: Sequence[int], params: SamplingParams,
+                    max_tokens: int, stop: Sequence[str] = (), state: "SequenceState | None" = None) -> Iterator[Response]:
     """Yield `Response`s as tokens are produced; text never splits a UTF-8 character, and text that
     could be the start of a stop string is held back until it is known not to be one. The last
     response carries `finish_reason`. A token that ends generation (EOS) is yielded with empty text."""
     seq = state or SequenceState(tokenizer, prompt_ids, params, max_tokens, stop)
-    for tok, row in generate_step(model, prompt_ids, params, max_tokens, threads):
+    for tok, row in generate_step(model, prompt_ids, params, max_tokens):
         r = seq.push(tok, row)
         yield r
         if r.finish_reason:
             return
 
 
-def generate(model: Transformer, tokenizer, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int,
-             stop: Sequence[str] = (), threads: int | None = None) -> Generation:
+def generate(model: Backend, tokenizer, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int,
+             stop: Sequence[str] = ()) -> Generation:
     seq = SequenceState(tokenizer, prompt_ids, params, max_tokens, stop)
     t0 = time.perf_counter()
     t_first = None
-    for _ in stream_generate(model, tokenizer, prompt_ids, params, max_tokens, stop, threads, state=seq):
+    for _ in stream_generate(model, tokenizer, prompt_ids, params, max_tokens, stop, state=seq):
         if t_first is None:
             t_first = time.perf_counter()
     t1 = time.perf_counter()
@@ -173,8 +172,7 @@ class Request:
     stop: Sequence[str] = ()
 
 
-def generate_batch(model: Transformer, tokenizer, requests: Sequence[Request], max_batch: int = 8,
-                   threads: int | None = None) -> list[Generation]:
+def generate_batch(model: Backend, tokenizer, requests: Sequence[Request], max_batch: int = 8) -> list[Generation]:
     """Continuous batching: up to `max_batch` sequences share each forward pass (a joining request's
     whole prompt and the running ones' last tokens); a finished sequence leaves at once and the next
     waiting request takes its slot. Each result is bit-identical to that request generated alone."""
@@ -183,7 +181,7 @@ def generate_batch(model: Transformer, tokenizer, requests: Sequence[Request], m
     for i, r in enumerate(requests):
         if not r.prompt_ids:
             raise TinydetError(f"requests[{i}].prompt: no tokens to start from")
-        check_context(len(r.prompt_ids), r.max_tokens, model.cfg.context_length)
+        check_context(len(r.prompt_ids), r.max_tokens, model.config.context_length)
     if not requests:
         return []
     capacity = max(len(r.prompt_ids) + r.max_tokens for r in requests)
@@ -203,7 +201,7 @@ def generate_batch(model: Transformer, tokenizer, requests: Sequence[Request], m
             items.append((slot, r.prompt_ids))
         joined = {slot for slot, _ in items}
         items += [(slot, [seq.ids[-1]]) for slot, (_, seq) in running.items() if slot not in joined]
-        logits = model.forward_batch(items, cache, threads=threads)
+        logits = model.forward_batch(items, cache)
         for (slot, _), row in zip(items, logits):
             idx, seq = running[slot]
             tok = sample(row[0], seq.params, seq.position)

@@ -26,7 +26,7 @@ FORMAT = "tinydet-trace/1"
 
 @dataclass
 class Tracer:
-    """Collects records from `Transformer.forward_batch(..., tracer=...)`."""
+    """Collects records: `record` is an op hook (`backends.base.Hook`) that reads every op's rows."""
     keep_values: bool = True
     records: list = field(default_factory=list)
 
@@ -62,13 +62,13 @@ def machine_info() -> dict:
 
 def run_trace(model, prompt_ids: Sequence[int], chunk: int | None = None, keep_values: bool = True) -> Tracer:
     """Trace the forward pass of `prompt_ids` (in chunks of `chunk` tokens; None = one pass)."""
-    tr = model.transformer
+    backend = model.backend
     tracer = Tracer(keep_values)
     ids = list(prompt_ids)
-    cache = tr.new_cache(len(ids))
+    cache = backend.new_cache(len(ids))
     step = chunk or len(ids)
     for i in range(0, len(ids), step):
-        tr.forward_batch([(0, ids[i:i + step])], cache, all_logits=True, threads=model.threads, tracer=tracer)
+        backend.forward_batch([(0, ids[i:i + step])], cache, all_logits=True, hook=tracer.record)
     return tracer
 
 

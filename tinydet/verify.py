@@ -38,28 +38,28 @@ def _digest(ids, rows) -> str:
 
 def run_cached(model, prompt_ids, n_new, chunk=None):
     """Greedy with a KV cache, the prompt prefilled in chunks of `chunk` tokens (None: at once)."""
-    tr = model.transformer
-    cache = tr.new_cache(len(prompt_ids) + n_new)
+    be = model.backend
+    cache = be.new_cache(len(prompt_ids) + n_new)
     step = chunk or len(prompt_ids)
     for i in range(0, len(prompt_ids), step):
-        logits = tr.forward(prompt_ids[i:i + step], cache, threads=model.threads)[0]
+        logits = be.forward(prompt_ids[i:i + step], cache)[0]
     ids, rows = [], []
     for k in range(n_new):
         tok = sample(logits, SamplingParams(), len(prompt_ids) + k)
         ids.append(tok)
         rows.append(logits)
         if k + 1 < n_new:
-            logits = tr.forward([tok], cache, threads=model.threads)[0]
+            logits = be.forward([tok], cache)[0]
     return ids, rows
 
 
 def run_recompute(model, prompt_ids, n_new):
     """Greedy with no cache reuse: every step runs the whole sequence from an empty cache."""
-    tr = model.transformer
+    be = model.backend
     seq = list(prompt_ids)
     ids, rows = [], []
     for k in range(n_new):
-        logits = tr.forward(seq, tr.new_cache(len(seq)), threads=model.threads)[0]
+        logits = be.forward(seq, be.new_cache(len(seq)))[0]
         tok = sample(logits, SamplingParams(), len(seq))
         ids.append(tok)
         rows.append(logits)

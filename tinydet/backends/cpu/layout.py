@@ -1,10 +1,14 @@
-"""Panel layout for GGUF block-quantized matrices (Q8_0, Q4_0, Q4_1), read by `kernels.qcpu`.
+"""The CPU backend's weight layouts: float panels and quantized panels. Layout only: packing moves
+bytes and never rounds anything (fp16's one rounding is `simd.to_f16_bits`, at load).
 
-Layout only: packing moves bytes; it never rounds anything. The fp32 path dequantizes `W[N, K]` with
-`quants.dequantize` and packs it as `Wp[N/64, K, 64]`; the native path keeps GGUF's blocks and
-rearranges them the same way, L = 32 rows (outputs, `kernels.qcpu.LANES`) side by side, so that the
-kernel's inner loop runs over L contiguous lanes just as it does for floats. With P = ceil(N / 32)
-panels and K/32 blocks per row:
+Float panels: W[N, K] -> Wp[ceil(N/64), K, 64], rows past N zero: the inner loop of the matrix
+product runs over 64 independent outputs.
+
+Quantized panels, for GGUF's block-quantized matrices (Q8_0, Q4_0, Q4_1), read by `loaders.py`: the
+fp32 path dequantizes W[N, K] and packs it as float panels; the native path keeps GGUF's blocks and
+rearranges them the same way, L = 32 rows (outputs, `QPANEL`) side by side, so that the kernel's
+inner loop runs over L contiguous lanes just as it does for floats. With P = ceil(N / 32) panels and
+K/32 blocks per row:
 
   Q8_0  qs  int8   (P, K, 32)         qs[p, k, j]    = quant k of row 32p+j                  1 B/weight
   Q4_0, qs  uint32 (P, K/32, 4, 32)   qs[p, b, g, j] = quants 32b+8g .. 32b+8g+7 of row    0.5 B/weight
@@ -19,15 +23,14 @@ k: decode is compute-bound, and this costs fewer instructions than unpacking byt
 
 Rows past N (the last panel's padding) are zero bytes: weight 0, computed and never stored. The kernels
 widen fp16 scales exactly (F16C where the compile target has it, else an integer conversion);
-`quants.dequantize` uses NumPy's float16 -> float32 cast. They agree on every value but signaling NaNs
+`formats.dequant` uses NumPy's float16 -> float32 cast. They agree on every value but signaling NaNs
 (F16C quiets them), and a NaN's payload could in principle differ, so the packer stores NumPy's
 float32 scales instead (the kernels accept either dtype) when any scale is a signaling NaN or its
 integer widening differs from NumPy's.
 
 Rows move whole, so Q/K un-permutation and concatenation ([wq; wk; wv], [w1; w3]) happen on the raw
-block rows (`formats.gguf_model.rope_row_order`): `pack_parts([(raw_q, rope_row_order(q_dim, n_heads)), (raw_k, rope_row_order(kv_dim,
-n_kv_heads)), (raw_v, None)], type, dim)` is the matrix the fp32 path builds with
-`np.concatenate([unpermute_rope_rows(wq), unpermute_rope_rows(wk), wv])`.
+block rows: `pack_parts([(raw_q, order_q), (raw_k, order_k), (raw_v, None)], type, dim)` is the matrix
+the fp32 path builds by concatenating the dequantized rows in those orders.
 """
 
 from __future__ import annotations
@@ -37,16 +40,34 @@ from typing import Sequence
 
 import numpy as np
 
-from .formats.ggml import GGML_TYPES, Q4_0, Q4_1, Q8_0
-from .kernels.qcpu import LANES as PANEL  # outputs per panel: the kernels' vector width
-from .kernels.qcpu import QBLOCK  # elements per Q8_0 / Q4_0 / Q4_1 block
+from ...formats.ggml import GGML_TYPES, Q4_0, Q4_1, Q8_0
+from .simd import HALF as QPANEL  # rows per quantized panel: the kernels' 32-lane vectors
+from .simd import LANES, from_f16_bits
 
+QBLOCK = 32  # elements per Q8_0 / Q4_0 / Q4_1 block
 
 #: ggml type ids the native path handles -> type name.
 NATIVE_TYPES = {Q8_0: "Q8_0", Q4_0: "Q4_0", Q4_1: "Q4_1"}
 
-__all__ = ["QPanels", "pack_quantized", "pack_parts", "stack", "NATIVE_TYPES",
-           "Q8_0", "Q4_0", "Q4_1", "PANEL", "QBLOCK"]
+
+def aligned_empty(shape, dtype, align: int = 64) -> np.ndarray:
+    """An uninitialized C-contiguous array whose data starts on an `align`-byte boundary."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape)) * dtype.itemsize
+    buf = np.empty(n + align, np.uint8)
+    off = (-buf.ctypes.data) % align
+    return buf[off:off + n].view(dtype).reshape(shape)
+
+
+def pack_panels(w: np.ndarray) -> np.ndarray:
+    """W[N, K] -> Wp[ceil(N/64), K, 64], rows past N zero. Layout only: no arithmetic."""
+    n, k = w.shape
+    p = -(-n // LANES)
+    padded = np.zeros((p * LANES, k), w.dtype)
+    padded[:n] = w
+    out = aligned_empty((p, k, LANES), w.dtype)
+    out[...] = padded.reshape(p, LANES, k).transpose(0, 2, 1)
+    return out
 
 
 @dataclass(frozen=True)
@@ -72,6 +93,24 @@ class QPanels:
     def nbytes(self) -> int:
         """Bytes a full pass over the matrix reads (padding included)."""
         return self.qs.nbytes + self.d.nbytes + (self.m.nbytes if self.m is not None else 0)
+
+    def check(self) -> None:
+        """Raise unless the arrays have this module's layout (the kernels read raw pointers)."""
+        P = self.qs.shape[0]
+        nb = self.k // QBLOCK
+        t = self.ggml_type
+        if t == Q8_0:
+            want = (np.int8, (P, self.k, QPANEL))
+        elif t in (Q4_0, Q4_1):
+            want = (np.uint32, (P, nb, 4, QPANEL))
+        else:
+            raise ValueError(f"QPanels: unsupported ggml type {t}")
+        scales = [self.d] + ([self.m] if t == Q4_1 else [])
+        if (self.k <= 0 or self.k % QBLOCK or (self.qs.dtype, self.qs.shape) != want or not self.qs.flags.c_contiguous
+                or P * QPANEL < self.n or any(not isinstance(s, np.ndarray) or s.dtype not in (np.uint16, np.float32)
+                                             or s.shape != (P, nb, QPANEL) or not s.flags.c_contiguous for s in scales)
+                or (t != Q4_1 and self.m is not None)):
+            raise ValueError("QPanels: the packed arrays do not have the quantized panel layout")
 
 
 _CHUNK_ROWS = 4096  # rows regrouped at a time (bounds the temporaries)
@@ -110,24 +149,14 @@ def _scales(cols: np.ndarray, n_pad: int, P: int, nb: int) -> np.ndarray:
     would not reproduce NumPy's cast bit for bit (only possible for NaN scales)."""
     bits = np.zeros((n_pad, nb), np.uint16)
     bits[:cols.shape[0]] = np.ascontiguousarray(cols).view("<u2").reshape(cols.shape[0], nb)
-    bits = np.ascontiguousarray(bits.reshape(P, PANEL, nb).transpose(0, 2, 1))
+    bits = np.ascontiguousarray(bits.reshape(P, QPANEL, nb).transpose(0, 2, 1))
     want = bits.view(np.float16).astype(np.float32)  # quants._f16's widening
     # Signaling NaNs are the one input on which the kernels' widenings (integer, or F16C, which
     # quiets them) may differ from each other and from NumPy's.
     snan = ((bits & 0x7C00) == 0x7C00) & ((bits & 0x03FF) != 0) & ((bits & 0x0200) == 0)
-    if not snan.any() and np.array_equal(_widen_bits(bits), want.view(np.uint32)):
+    if not snan.any() and np.array_equal(from_f16_bits(bits).view(np.uint32), want.view(np.uint32)):
         return bits
     return want
-
-
-def _widen_bits(h: np.ndarray) -> np.ndarray:
-    """NumPy mirror of qcpu's fp16 widening (integer shift, exact multiply by 2**112), as uint32 bits."""
-    h = h.astype(np.uint32)
-    em = (h & np.uint32(0x7FFF)) << np.uint32(13)
-    with np.errstate(all="ignore"):
-        bits = (em.view(np.float32) * np.float32(2.0 ** 112)).view(np.uint32)
-    bits = np.where((h & np.uint32(0x7C00)) == np.uint32(0x7C00), em | np.uint32(0x7F800000), bits)
-    return bits | ((h & np.uint32(0x8000)) << np.uint32(16))
 
 
 def pack_parts(parts: Sequence[tuple], ggml_type: int, k: int) -> QPanels:
@@ -151,13 +180,13 @@ def pack_parts(parts: Sequence[tuple], ggml_type: int, k: int) -> QPanels:
         raise ValueError("no rows to pack")
     nb = k // QBLOCK
     t = GGML_TYPES[tid]
-    P = -(-n // PANEL)
-    n_pad = P * PANEL
+    P = -(-n // QPANEL)
+    n_pad = P * QPANEL
     b = rows.reshape(n, nb, t.type_size)
     if tid == Q8_0:
         q = np.zeros((n_pad, nb, QBLOCK), np.uint8)
         q[:n] = b[:, :, 2:34]
-        qs = np.ascontiguousarray(q.reshape(P, PANEL, k).transpose(0, 2, 1)).view(np.int8)
+        qs = np.ascontiguousarray(q.reshape(P, QPANEL, k).transpose(0, 2, 1)).view(np.int8)
         return QPanels(tid, n, k, qs, _scales(b[:, :, 0:2], n_pad, P, nb))
     off = 2 if tid == Q4_0 else 4
     words = np.zeros((n_pad, nb, 4), np.uint32)
@@ -168,7 +197,7 @@ def pack_parts(parts: Sequence[tuple], ggml_type: int, k: int) -> QPanels:
         nib[:, :, 16:] = raw_q >> np.uint8(4)  # elements 16..31
         nib = nib.reshape(nib.shape[0], nb, 4, 8) << _NIBBLE_SHIFTS
         words[r0:r0 + nib.shape[0]] = np.bitwise_or.reduce(nib, axis=3)
-    qs = np.ascontiguousarray(words.reshape(P, PANEL, nb, 4).transpose(0, 2, 3, 1))
+    qs = np.ascontiguousarray(words.reshape(P, QPANEL, nb, 4).transpose(0, 2, 3, 1))
     d = _scales(b[:, :, 0:2], n_pad, P, nb)
     m = _scales(b[:, :, 2:4], n_pad, P, nb) if tid == Q4_1 else None
     return QPanels(tid, n, k, qs, d, m)
@@ -182,7 +211,7 @@ def pack_quantized(raw_rows: np.ndarray, ggml_type: int, k: int, row_order: np.n
 
 def stack(layers: Sequence[QPanels]) -> QPanels:
     """Equal-shaped QPanels of one type (one per layer) -> one QPanels whose arrays have a leading
-    layer axis, for a jitted forward pass (`kernels.qcpu.q_mm_layer`). Scales that are uint16 in some
+    layer axis, for the forward pass (`loaders.layer` picks one). Scales that are uint16 in some
     layers and float32 in others (only possible with NaN scales) are all stored as float32, widened
     as NumPy does."""
     first = layers[0]

@@ -1,4 +1,4 @@
-"""tinydet's own transcendental functions, built from + - * / and floor only.
+"""tinydet's own transcendental functions (exp, log, sin, cos, tanh), built from + - * / and floor only.
 
 NumPy's and libm's exp/sin/cos give different bits on different CPU dispatch paths, so the forward
 pass and the sampler use these. Each is computed in float64 (about 1 ulp of float64) and callers that
@@ -61,6 +61,23 @@ def exp64(x):
 def exp32(x):
     """e**x for a float32 argument, rounded once to float32."""
     return np.float32(exp64(np.float64(x)))
+
+
+@njit(cache=True)
+def tanh64(x):
+    """tanh for float64 x: 1 - 2 / (e**(2|x|) + 1) with exp64, the sign of x. Near 0 the absolute error
+    stays ~1e-16 (the relative error grows; GELU adds the result to 1, soft-capping multiplies it by
+    the cap). NaN gives NaN."""
+    neg = x < 0.0
+    a = -0.0 - x if neg else x
+    t = 1.0 - 2.0 / (exp64(2.0 * a) + 1.0)
+    return -0.0 - t if neg else t
+
+
+@njit(cache=True)
+def tanh32(x):
+    """tanh for a float32 argument: tanh64, rounded once to float32."""
+    return np.float32(tanh64(np.float64(x)))
 
 
 @njit(cache=True)

@@ -1,0 +1,176 @@
+"""What a backend does, written down once. The CPU backend (`cpu/`) is one implementation; `Model`,
+the engine and the tools use only this interface.
+
+A backend instance is one loaded model on one device: it packs the checkpoint's weights for a dtype
+(at load, releasing the file's pages as it copies), owns its thread count, makes KV caches, and runs
+one forward pass over a batch of (sequence slot, tokens) items, each continuing its slot of a cache,
+optionally with an op hook (tracing, fault injection). Every logits row must be the same bits whatever
+else shares the pass, however a sequence's tokens were split over passes, and at any thread count.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..errors import ContextLengthError, TinydetError
+
+# hook(layer or None, op name, positions (n,), slots (n,), rows (n, width) float32): called after
+# each op of the pass with its output rows, which it may change in place (the next op reads them).
+Hook = Callable[[int | None, str, np.ndarray, np.ndarray, np.ndarray], None]
+LOGITS = ("last", "all", "none")  # which logits rows an item wants
+
+
+class KVCache(ABC):
+    """Keys and values of `n_slots` sequences, up to `capacity` positions each; `lengths[slot]`
+    counts the positions filled. The layout is the backend's."""
+
+    lengths: np.ndarray  # (n_slots,) int64
+    capacity: int
+
+    @property
+    def n_slots(self) -> int:
+        return int(self.lengths.shape[0])
+
+    @property
+    def length(self) -> int:
+        """Positions filled in slot 0 (the whole cache when it holds one sequence)."""
+        return int(self.lengths[0])
+
+    def reset(self, slot: int) -> None:
+        """Free a slot for a new sequence (old entries are overwritten before they are read)."""
+        self.lengths[slot] = 0
+
+    @abstractmethod
+    def grow(self, capacity: int) -> None:
+        """Hold at least `capacity` positions per slot, keeping every entry."""
+
+    @property
+    @abstractmethod
+    def nbytes(self) -> int: ...
+
+
+@dataclass
+class Batch:
+    """A forward pass's items flattened: token ids, their positions and slots (T,), the rows whose
+    logits are wanted, and each item's (first row, end row, logits wanted)."""
+
+    ids: np.ndarray
+    pos: np.ndarray
+    slots: np.ndarray
+    rows: np.ndarray
+    spans: list[tuple[int, int, str]]
+
+
+def plan_batch(items: Sequence[tuple], cache: KVCache, vocab_size: int, all_logits: bool) -> Batch:
+    """Check a batch's items, `(slot, tokens)` or `(slot, tokens, logits)` with logits one of LOGITS
+    (default "all" if `all_logits` else "last"), against the cache, and flatten them."""
+    ids_l, pos_l, slot_l, spans, rows = [], [], [], [], []
+    seen, t = set(), 0
+    for item in items:
+        slot, toks = item[0], np.asarray(item[1], np.int64).reshape(-1)
+        want = item[2] if len(item) > 2 else ("all" if all_logits else "last")
+        if want not in LOGITS:
+            raise TinydetError(f"forward: logits must be one of {', '.join(LOGITS)}, found {want!r}")
+        if toks.shape[0] == 0:
+            raise TinydetError("forward: expected at least one token")
+        if slot in seen or not 0 <= slot < cache.n_slots:
+            raise TinydetError(f"forward: slot {slot} is repeated or outside 0..{cache.n_slots - 1}")
+        seen.add(slot)
+        start = int(cache.lengths[slot])
+        n = toks.shape[0]
+        if start + n > cache.capacity:
+            raise ContextLengthError(f"{start + n} positions needed but the KV cache holds {cache.capacity}")
+        ids_l.append(toks)
+        pos_l.append(np.arange(start, start + n, dtype=np.int64))
+        slot_l.append(np.full(n, slot, np.int64))
+        if want == "all":
+            rows.extend(range(t, t + n))
+        elif want == "last":
+            rows.append(t + n - 1)
+        spans.append((t, t + n, want))
+        t += n
+    if not items:
+        raise TinydetError("forward: expected at least one item")
+    ids = ids_l[0] if len(ids_l) == 1 else np.concatenate(ids_l)
+    if ids.min() < 0 or ids.max() >= vocab_size:
+        raise TinydetError(f"token ids must lie in [0, {vocab_size}), found {int(ids.min())}..{int(ids.max())}")
+    pos = pos_l[0] if len(pos_l) == 1 else np.concatenate(pos_l)
+    slots = slot_l[0] if len(slot_l) == 1 else np.concatenate(slot_l)
+    return Batch(ids, pos, slots, np.array(rows, np.int64), spans)
+
+
+def split_logits(batch: Batch, logits: np.ndarray) -> list[np.ndarray | None]:
+    """The logits rows of a pass, one array per item: (n, vocab) for "all", (1, vocab) for "last",
+    None for "none"."""
+    out, r = [], 0
+    for a, b, want in batch.spans:
+        n = b - a if want == "all" else (1 if want == "last" else 0)
+        out.append(logits[r:r + n] if n else None)
+        r += n
+    return out
+
+
+class Backend(ABC):
+    """One loaded model on one device (module docstring).
+
+    `hooks` is the documented seam for fault injection: op hooks that run on every forward pass of
+    this instance, in order, before a hook passed to the call (so a trace records what a fault left).
+    Tests use it to make a kernel's result wrong in a chosen way and check that `verify` or `diff`
+    catches it; production code never sets it."""
+
+    name: str
+    config: ModelConfig
+    dtype: str
+    hooks: list  # of Hook
+
+    def pass_hook(self, hook: Hook | None) -> Hook | None:
+        """The one hook a pass runs: this instance's hooks, then the call's."""
+        chain = list(self.hooks) + ([hook] if hook is not None else [])
+        if len(chain) <= 1:
+            return chain[0] if chain else None
+
+        def run_all(layer, op, pos, slots, rows):
+            for h in chain:
+                h(layer, op, pos, slots, rows)
+        return run_all
+
+    @property
+    @abstractmethod
+    def threads(self) -> int:
+        """Threads a forward pass uses (settable); the bits never depend on it."""
+
+    @threads.setter
+    @abstractmethod
+    def threads(self, n: int) -> None: ...
+
+    @abstractmethod
+    def new_cache(self, capacity: int, n_slots: int = 1) -> KVCache: ...
+
+    @abstractmethod
+    def forward_batch(self, items: Sequence[tuple], cache: KVCache, all_logits: bool = False,
+                      hook: Hook | None = None) -> list[np.ndarray | None]:
+        """One pass over `items` (see `plan_batch`), appending to their cache slots. Returns one logits
+        array per item (float32), as `forward` would for it alone."""
+
+    def forward(self, tokens: Sequence[int], cache: KVCache, all_logits: bool = False, slot: int = 0) -> np.ndarray:
+        """Run `tokens` (ids at positions cache.lengths[slot]..) through the model, appending to the
+        cache. Returns float32 logits: (len(tokens), vocab) if `all_logits`, else (1, vocab)."""
+        return self.forward_batch([(slot, tokens)], cache, all_logits)[0]
+
+    @abstractmethod
+    def storage(self) -> dict[str, str]:
+        """How each matrix kind is stored: "f32", "f16" or a GGML quant type name."""
+
+    @abstractmethod
+    def weight_bytes(self) -> int:
+        """Bytes of weights held in memory."""
+
+    def check_capacity(self, capacity: int) -> None:
+        if capacity > self.config.context_length:
+            raise ContextLengthError(
+                f"{capacity} positions requested but the model's context length is {self.config.context_length}")

@@ -1,0 +1,202 @@
+"""The CPU backend: numba kernels that keep the determinism contract (docs/determinism.md).
+
+  simd.py     the one vector layer (64- and 32-lane float32 vectors, fp16 widening, the Kahan step)
+  mathfn.py   tinydet's own exp, log, sin, cos, tanh from + - * /
+  layout.py   float panels and quantized panels
+  loaders.py  how the matrix product reads each storage type
+  tiles.py    rows times 64 outputs, shared by every storage type
+  matmul.py   the one matrix product
+  ops.py      RMSNorm, RoPE, attention, activations
+  forward.py  the one forward pass (an op hook traces it or injects faults)
+  weights.py  a checkpoint packed for a dtype
+
+numba's on-disk cache does not notice edits to jitted helpers in other modules, so the cache lives in
+a directory keyed by a hash of every source file here and the numba version: any edit gets a fresh
+cache instead of stale machine code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import threading
+from pathlib import Path
+from typing import Sequence
+
+import numba
+import numpy as np
+
+_HERE = Path(__file__).resolve().parent
+
+
+def _cache_key() -> str:
+    h = hashlib.sha256(numba.__version__.encode())
+    for src in sorted(_HERE.glob("*.py")):
+        h.update(src.name.encode())
+        h.update(src.read_bytes())
+    return h.hexdigest()[:16]
+
+
+if not os.environ.get("NUMBA_CACHE_DIR"):
+    _base = Path(os.environ.get("TINYDET_CACHE_DIR", Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+                                / "tinydet"))
+    numba.config.CACHE_DIR = str(_base / "numba" / _cache_key())
+
+from ...config import ModelConfig  # noqa: E402
+from ...errors import TinydetError  # noqa: E402
+from ..base import Backend, Hook, KVCache, plan_batch, split_logits  # noqa: E402
+from . import forward as _fw  # noqa: E402
+from .matmul import as_storage  # noqa: E402
+from .ops import ACTIVATIONS, ATILE, inv_freq, rope_tables  # noqa: E402
+from .weights import DTYPES, CPUWeights  # noqa: E402
+
+
+def on_first_compile(callback) -> None:
+    """Call `callback()` once, when numba first compiles a kernel in this process (a cache miss: the
+    first run on a machine, or of a dtype or weight type not run before). Loads from the cache do
+    not count, so a warm start stays silent."""
+    from numba.core import event
+
+    class _Once(event.Listener):
+        fired = False
+
+        def on_start(self, ev):
+            if not self.fired:
+                self.fired = True
+                callback()
+
+        def on_end(self, ev):
+            pass
+
+    event.register("numba:compile", _Once())
+
+
+def default_threads() -> int:
+    """The CPUs this process may use, up to numba's pool size."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:
+        n = os.cpu_count() or 1
+    return max(1, min(n, numba.config.NUMBA_NUM_THREADS))
+
+
+def check_threads(threads: int | None) -> int:
+    if threads is None:
+        return default_threads()
+    limit = numba.config.NUMBA_NUM_THREADS
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= limit:
+        raise TinydetError(f"threads: expected an integer from 1 to {limit} (NUMBA_NUM_THREADS), found {threads!r}")
+    return threads
+
+
+class CPUKVCache(KVCache):
+    """Values by position, v (layer, slot, capacity, kv_dim); keys with 64 positions side by side,
+    k (layer, slot, kv_head, ceil(capacity / 64), head_dim, 64), for attention's vectorized dot
+    products. fp16 models cache binary16 bits (uint16), the others float32."""
+
+    def __init__(self, cfg: ModelConfig, capacity: int, dtype: str, n_slots: int = 1):
+        self._cfg, self._st = cfg, np.uint16 if dtype == "fp16" else np.float32
+        self.capacity = 0
+        self.k = self.v = None
+        self.lengths = np.zeros(n_slots, np.int64)
+        self.grow(capacity)
+
+    def grow(self, capacity: int) -> None:
+        if capacity <= self.capacity:
+            return
+        cfg, L, S = self._cfg, self._cfg.n_layers, self.lengths.shape[0]
+        k = np.zeros((L, S, cfg.n_kv_heads, -(-capacity // ATILE), cfg.head_dim, ATILE), self._st)
+        v = np.zeros((L, S, capacity, cfg.kv_dim), self._st)
+        if self.k is not None:
+            k[:, :, :, :self.k.shape[3]] = self.k
+            v[:, :, :self.capacity] = self.v
+        self.k, self.v, self.capacity = k, v, capacity
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+
+class CPUBackend(Backend):
+    """A model packed for the CPU kernels. `CPUBackend(config, tensors, dtype, threads)` packs the
+    checkpoint's tensors (canonical names, `formats.Tensor`s) for "fp32", "fp16" or "native"."""
+
+    name = "cpu-numba"
+
+    def __init__(self, config: ModelConfig, tensors: dict, dtype: str = "fp32", threads: int | None = None):
+        if dtype not in DTYPES:
+            raise TinydetError(f"dtype: expected one of {', '.join(DTYPES)}, found {dtype!r}")
+        self.config, self.dtype = config, dtype
+        self.threads = threads
+        self.hooks = []
+        self.weights = CPUWeights(config, tensors, dtype)
+        w = self.weights
+        self._w = (as_storage(w.table), w.attn_norm, as_storage(w.wqkv), w.bqkv, w.q_norm, w.k_norm,
+                   as_storage(w.wo), w.post_attn_norm, w.ffn_norm, as_storage(w.w13), as_storage(w.w2),
+                   w.post_ffn_norm, w.norm, as_storage(w.output))
+        cfg = config
+        ropes = list(dict.fromkeys((cfg.rope,) + cfg.layer_ropes))  # distinct RoPEs, first seen first
+        self._inv_freq = [inv_freq(r, cfg.head_dim) for r in ropes]
+        self._layer_rope = np.array([ropes.index(cfg.rope_of(i)) for i in range(cfg.n_layers)], np.int64)
+        self._windows = np.array([cfg.window(i) for i in range(cfg.n_layers)], np.int64)
+        self._cos = self._sin = np.zeros((len(ropes), 0, cfg.head_dim // 2), np.float32)
+        self._rope_lock = threading.Lock()
+        f32 = np.float32
+        self._scalars = (f32(cfg.rms_eps), f32(cfg.attn_scale if cfg.attn_scale is not None else 1.0 / np.sqrt(cfg.head_dim)),
+                         f32(cfg.embed_scale or 0.0), f32(cfg.logit_softcap or 0.0))
+
+    @property
+    def threads(self) -> int:
+        return self._threads
+
+    @threads.setter
+    def threads(self, n: int | None) -> None:
+        self._threads = check_threads(n)
+
+    def new_cache(self, capacity: int, n_slots: int = 1) -> CPUKVCache:
+        self.check_capacity(capacity)
+        return CPUKVCache(self.config, capacity, "fp16" if self.dtype == "fp16" else "fp32", n_slots)
+
+    def _rope(self, n_pos: int):
+        # Entries depend only on their own position, so growing the tables never changes old rows.
+        with self._rope_lock:
+            if self._cos.shape[1] < n_pos:
+                n = max(n_pos, min(2 * self._cos.shape[1], self.config.context_length))
+                cos = np.empty((len(self._inv_freq), n, self.config.head_dim // 2), np.float32)
+                sin = np.empty_like(cos)
+                for r, f in enumerate(self._inv_freq):
+                    rope_tables(n, f, cos[r], sin[r])
+                self._cos, self._sin = cos, sin
+            return self._cos, self._sin
+
+    def forward_batch(self, items: Sequence[tuple], cache: CPUKVCache, all_logits: bool = False,
+                      hook: Hook | None = None) -> list[np.ndarray | None]:
+        cfg = self.config
+        b = plan_batch(items, cache, cfg.vocab_size, all_logits)
+        cos, sin = self._rope(int(b.pos.max()) + 1)
+        if numba.get_num_threads() != self._threads:  # numba's setting is per calling thread
+            numba.set_num_threads(self._threads)
+        hook_id = 0
+        hook = self.pass_hook(hook)
+        if hook is not None:
+            hook_id = next(_hook_ids)
+            _fw.HOOKS[hook_id] = hook
+        try:
+            logits = _fw.forward(b.ids, b.pos, b.slots, b.rows, self._w, cache.k, cache.v, cos, sin, self._layer_rope,
+                                 self._windows, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim,
+                                 ACTIVATIONS[cfg.activation], *self._scalars, cfg.vocab_size, self._threads, hook_id)
+        finally:
+            _fw.HOOKS.pop(hook_id, None)
+        for item, (a, e, _) in zip(items, b.spans):
+            cache.lengths[item[0]] += e - a
+        return split_logits(b, logits)
+
+    def storage(self) -> dict[str, str]:
+        return self.weights.storage()
+
+    def weight_bytes(self) -> int:
+        return self.weights.nbytes()
+
+
+_hook_ids = itertools.count(1)

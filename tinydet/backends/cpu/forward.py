@@ -1,0 +1,146 @@
+"""The one forward pass of the CPU backend: embedding, every layer, the final norm and the logits, in one
+numba call with no Python in between (about five parallel regions per layer).
+
+Each matrix kind, stacked over layers, is float panels or quantized panels (`loaders.py`); which
+loader runs is chosen when numba compiles, by the argument types, and every one gives the bits of the
+float32 matrix. Without a hook the residual adds are fused into the projections that feed them (each
+output added by the thread that computed it) and the gated activation into the gate/up projection
+where its width allows (ffn_dim % 64 == 0). Fused or not, every output takes the same operations.
+
+The op hook (`hook`, 0 for none) is how the pass is traced and how tests inject faults: after each op
+the pass calls the hook with that op's output rows, which it may read (a trace) or change in place (a
+fault: the next op reads what the hook left). With a hook every fusion is undone, so that each op's
+output exists on its own: the same kernels, the same arithmetic, one more pass over a few arrays. The
+call goes through numba's object mode and is compiled in but skipped when there is no hook.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+from numba import njit, objmode
+from numba.core.errors import NumbaWarning
+
+from .loaders import embed_rows, layer
+from .matmul import MM_GLU, MM_PLAIN, MM_RESIDUAL, mm
+from .ops import add_rows, attention, glu_rows, rmsnorm, rope_store, scale_rows, softcap, widen_rows
+from .simd import LANES
+
+# Ops in the order the pass computes them; a hook sees their names. The post-norms exist only in
+# models that have them.
+OPS = ("embedding", "attn_norm", "q", "k", "v", "rope_q", "rope_k", "attention", "attn_output",
+       "post_attention_norm", "attn_residual", "ffn_norm", "gate", "up", "activation", "down", "post_ffn_norm",
+       "ffn_residual", "final_norm", "logits")
+(EMBEDDING, ATTN_NORM, Q, K, V, ROPE_Q, ROPE_K, ATTENTION, ATTN_OUTPUT, POST_ATTN_NORM, ATTN_RESIDUAL, FFN_NORM, GATE,
+ UP, ACTIVATION, DOWN, POST_FFN_NORM, FFN_RESIDUAL, FINAL_NORM, LOGITS) = range(len(OPS))
+
+HOOKS: dict[int, object] = {}  # hook id -> callable(layer or None, op name, pos, slots, rows)
+
+# numba warns that object mode cannot run in parallel under nogil; the hook is meant to hold the GIL.
+warnings.filterwarnings("ignore", category=NumbaWarning, module=__name__)
+
+
+def _call_hook(hook_id, layer_index, op, pos, slot, a, c0, c1):
+    HOOKS[hook_id](None if layer_index < 0 else int(layer_index), OPS[op], pos, slot, a[:, c0:c1])
+
+
+@njit(cache=True)
+def _see(hook, li, op, pos, slot, a, c0, c1):
+    if hook != 0:
+        with objmode():
+            _call_hook(hook, li, op, pos, slot, a, c0, c1)
+
+
+@njit(cache=True, inline="always")
+def _project(x, w, li, n_out, out, res, post, eps, nth, hook, op, post_op, res_op, pos, slot):
+    """out = x W[li]^T, then res += out, with a post-norm of out first where the model has one."""
+    if hook == 0 and post.shape[1] == 0:
+        mm(x, layer(w, li), n_out, out, nth, MM_RESIDUAL, res, res, 0)
+    else:
+        mm(x, layer(w, li), n_out, out, nth, MM_PLAIN, out, out, 0)
+        _see(hook, li, op, pos, slot, out, 0, n_out)
+        if post.shape[1]:
+            rmsnorm(out, post[li], eps, out)
+            _see(hook, li, post_op, pos, slot, out, 0, n_out)
+        add_rows(res, out)
+    _see(hook, li, res_op, pos, slot, res, 0, n_out)
+
+
+@njit(cache=True, nogil=True)
+def forward(ids, pos, slot, rows, w, k_cache, v_cache, cos, sin, layer_rope, windows, n_heads, n_kv_heads, head_dim,
+            ffn_dim, act, eps, attn_scale, embed_scale, logit_cap, n_out, nth, hook):
+    """Logits (len(rows), n_out) of rows `rows` of tokens `ids` at positions `pos` of sequences
+    `slot`, appending each token's key and value to the caches.
+
+    w = (table, attn_norm, wqkv, bqkv, q_norm, k_norm, wo, post_attn_norm, ffn_norm, w13, w2,
+    post_ffn_norm, norm, output), as `weights.CPUWeights` holds them; caches (L, ...) of `KVCache`;
+    cos, sin (R, positions, head_dim / 2) with layer l using table layer_rope[l]; windows (L,) the
+    sliding window of each layer (0: none); act ops.SILU or GELU_TANH; embed_scale, logit_cap 0 for
+    none; nth, the thread count, only shapes the split of work; hook an id of HOOKS, or 0."""
+    (table, attn_norm, wqkv, bqkv, q_norm, k_norm, wo, post_attn_norm, ffn_norm, w13, w2, post_ffn_norm, norm,
+     w_out) = w
+    T = ids.shape[0]
+    dim = attn_norm.shape[1]
+    q_dim = n_heads * head_dim
+    kv_dim = n_kv_heads * head_dim
+    n_qkv = q_dim + 2 * kv_dim
+    x = np.empty((T, dim), np.float32)  # the residual stream
+    h = np.empty((T, dim), np.float32)
+    qkv = np.empty((T, n_qkv), np.float32)
+    q = np.empty((T, q_dim), np.float32)
+    att = np.empty((T, q_dim), np.float32)
+    proj = np.empty((T, dim), np.float32)
+    gu = np.empty((T, 2 * ffn_dim), np.float32)
+    a = np.empty((T, ffn_dim), np.float32)
+    embed_rows(table, ids, x)
+    if embed_scale != 0:
+        scale_rows(x, embed_scale)
+    _see(hook, -1, EMBEDDING, pos, slot, x, 0, dim)
+    for li in range(attn_norm.shape[0]):
+        kc = k_cache[li]
+        vc = v_cache[li]
+        rmsnorm(x, attn_norm[li], eps, h)
+        _see(hook, li, ATTN_NORM, pos, slot, h, 0, dim)
+        mm(h, layer(wqkv, li), n_qkv, qkv, nth, MM_PLAIN, qkv, qkv, 0)
+        _see(hook, li, Q, pos, slot, qkv, 0, q_dim)
+        _see(hook, li, K, pos, slot, qkv, q_dim, q_dim + kv_dim)
+        _see(hook, li, V, pos, slot, qkv, q_dim + kv_dim, n_qkv)
+        r = layer_rope[li]
+        rope_store(qkv, q_dim, kv_dim, head_dim, cos[r], sin[r], pos, slot, kc, vc, q, q_norm[li], k_norm[li], eps)
+        _see(hook, li, ROPE_Q, pos, slot, q, 0, q_dim)
+        if hook != 0:
+            _see(hook, li, ROPE_K, pos, slot, widen_rows(kc, slot, pos), 0, kv_dim)  # what the cache holds
+        attention(q, kc, vc, pos, slot, n_heads, n_kv_heads, head_dim, attn_scale, windows[li], att)
+        _see(hook, li, ATTENTION, pos, slot, att, 0, q_dim)
+        _project(att, wo, li, dim, proj, x, post_attn_norm, eps, nth, hook, ATTN_OUTPUT, POST_ATTN_NORM,
+                 ATTN_RESIDUAL, pos, slot)
+        rmsnorm(x, ffn_norm[li], eps, h)
+        _see(hook, li, FFN_NORM, pos, slot, h, 0, dim)
+        if hook == 0 and ffn_dim % LANES == 0:
+            mm(h, layer(w13, li), 2 * ffn_dim, gu, nth, MM_GLU, gu, a, act)
+        else:
+            mm(h, layer(w13, li), 2 * ffn_dim, gu, nth, MM_PLAIN, gu, gu, 0)
+            _see(hook, li, GATE, pos, slot, gu, 0, ffn_dim)
+            _see(hook, li, UP, pos, slot, gu, ffn_dim, 2 * ffn_dim)
+            glu_rows(gu, ffn_dim, a, act)
+            _see(hook, li, ACTIVATION, pos, slot, a, 0, ffn_dim)
+        _project(a, w2, li, dim, proj, x, post_ffn_norm, eps, nth, hook, DOWN, POST_FFN_NORM, FFN_RESIDUAL, pos,
+                 slot)
+    xr = np.empty((rows.shape[0], dim), np.float32)
+    pr = np.empty(rows.shape[0], np.int64)
+    sr = np.empty(rows.shape[0], np.int64)
+    for i in range(rows.shape[0]):
+        xr[i] = x[rows[i]]
+        pr[i] = pos[rows[i]]
+        sr[i] = slot[rows[i]]
+    hn = np.empty((rows.shape[0], dim), np.float32)
+    rmsnorm(xr, norm, eps, hn)
+    _see(hook, -1, FINAL_NORM, pr, sr, hn, 0, dim)
+    logits = np.empty((rows.shape[0], n_out), np.float32)
+    if rows.shape[0]:
+        mm(hn, w_out, n_out, logits, nth, MM_PLAIN, logits, logits, 0)
+    if logit_cap != 0:
+        softcap(logits, n_out, logit_cap)
+    _see(hook, -1, LOGITS, pr, sr, logits, 0, n_out)
+    return logits

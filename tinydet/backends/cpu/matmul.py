@@ -1,0 +1,132 @@
+"""The one matrix product of the CPU backend, for every storage type (`loaders.py`): out = x W^T.
+
+Per output (t, n): plain float32 sums over k-blocks [0, 64), [64, 128), ... in k order, the block
+partials added in block order with Kahan compensation (DETERMINISM.md: ~8x lower error than plain
+fp32 at ~0.83x its speed). Neither the token count, the tile, the thread count nor the storage type
+enters any output's arithmetic, so prefill and decode give the same bits, and native storage gives
+fp32's bits (each weight is dequantized to exactly the float32 value fp32 stores).
+
+Work split (never a sum): one token (decode) gives each of the nth threads an equal run of 32-output
+units; more tokens give jobs of (a group of 64 outputs, a chunk of token tiles). After its outputs, a
+job applies the epilogue to them, in the same parallel region:
+  MM_PLAIN     nothing more;
+  MM_RESIDUAL  res += out (each output added by the thread that computed it);
+  MM_GLU       out holds [gate | up] (n_out = 2 ffn_dim, ffn_dim % 64 == 0): act = f(gate) * up with
+               f SiLU or GELU-tanh; a job computes gate and up of the same outputs, then their product.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .layout import QPanels
+from .loaders import gemv_units, groups, prefill_group, tiling, units
+from .ops import glu_span
+from .simd import HALF, LANES
+
+MM_PLAIN, MM_RESIDUAL, MM_GLU = 0, 1, 2
+
+
+@njit(cache=True)
+def split_chunks(T, G, nth, tile, chunk_tiles):
+    """Token chunks per column of G jobs (output groups) for T tokens in tiles of `tile`: about
+    `chunk_tiles` tiles each and, where it is cheap, a job count the nth threads share evenly. Only the
+    split of work depends on it, never any output's arithmetic."""
+    if T == 1:
+        return 1
+    n_tiles = (T + tile - 1) // tile
+    c = (n_tiles + chunk_tiles - 1) // chunk_tiles
+    for extra in range(nth):
+        if c + extra <= n_tiles and ((c + extra) * G) % nth == 0:
+            return c + extra
+    return c
+
+
+@njit(cache=True, inline="always")
+def chunk_range(T, C, c, tile):
+    """Tokens [ta, tb) of chunk c of C (whole tiles but the last)."""
+    n_tiles = (T + tile - 1) // tile
+    return (c * n_tiles // C) * tile, min(T, ((c + 1) * n_tiles // C) * tile)
+
+
+@njit(cache=True, inline="always")
+def _epilogue(out, t, n0, n1, n_out, mode, res, act, kind):
+    if mode == MM_RESIDUAL:
+        for j in range(n0, min(n_out, n1)):
+            res[t, j] = res[t, j] + out[t, j]
+    elif mode == MM_GLU:
+        glu_span(out, t, n_out // 2, act, n0, n1, kind)
+
+
+@njit(parallel=True, cache=True)
+def mm(x, w, n_out, out, nth, mode, res, act, kind):
+    """out[t, n] = sum_k x[t, k] W[n, k] for n < n_out, then the epilogue of `mode` (module docstring);
+    `res` and `act` are its arrays (any float32 array where unused), `kind` the GLU's activation
+    (ops.SILU or ops.GELU_TANH). x (T, K), out (T, >= n_out): C-contiguous float32; `w` a storage of
+    loaders.py. `nth`, the thread count, only shapes the split of work. No checks (see `matmul`)."""
+    T = x.shape[0]
+    parts = 2 if mode == MM_GLU else 1
+    if T == 1:
+        U = units(w) // parts  # a GLU's unit u of the gate goes with unit U + u of the up part
+        for th in prange(nth):
+            u0 = th * U // nth
+            u1 = (th + 1) * U // nth
+            for part in range(parts):
+                gemv_units(x, w, n_out, out, u0 + part * U, u1 + part * U)
+            _epilogue(out, 0, u0 * HALF, u1 * HALF, n_out, mode, res, act, kind)
+    else:
+        G = groups(w) // parts
+        tile, chunk_tiles = tiling(w)
+        C = split_chunks(T, G, nth, tile, chunk_tiles)
+        for job in prange(G * C):
+            g = job // C
+            ta, tb = chunk_range(T, C, job % C, tile)
+            for part in range(parts):
+                prefill_group(x, w, g + part * G, ta, tb, n_out, out)
+            for t in range(ta, tb):
+                _epilogue(out, t, g * LANES, g * LANES + LANES, n_out, mode, res, act, kind)
+
+
+def as_storage(w):
+    """What `mm` takes for a matrix: float panels as they are, `QPanels` as the tuple (qs, d, m)."""
+    return (w.qs, w.d, w.m) if isinstance(w, QPanels) else w
+
+
+def _f32_2d(a, what):
+    if not (isinstance(a, np.ndarray) and a.dtype == np.float32 and a.ndim == 2 and a.flags.c_contiguous):
+        raise TypeError(f"matmul: {what} must be a C-contiguous float32 2-D array")
+
+
+def check(x, w, n_out, out, res=None) -> None:
+    """Raise unless matmul(x, w, n_out, out, res) is safe: the kernels read raw pointers."""
+    _f32_2d(x, "x (T, K)")
+    _f32_2d(out, "out (T, n_out)")
+    T, K = x.shape
+    if isinstance(w, QPanels):
+        w.check()
+        n, k = w.n, w.k
+    elif (isinstance(w, np.ndarray) and w.dtype in (np.float32, np.uint16) and w.ndim == 3 and w.shape[2] == LANES
+          and w.flags.c_contiguous):
+        n, k = w.shape[0] * LANES, w.shape[1]
+    else:
+        raise TypeError("matmul: w must be C-contiguous panels (P, K, 64) of float32 or uint16, or QPanels")
+    if K != k or out.shape[0] != T or not 0 < n_out <= min(out.shape[1], n):
+        raise ValueError(f"matmul: x {x.shape}, out {out.shape}, n_out {n_out} do not fit W ({n}, {k})")
+    if res is not None:
+        _f32_2d(res, "res (T, n_out)")
+        if res.shape[0] != T or res.shape[1] < n_out:
+            raise ValueError(f"matmul: res {res.shape} does not fit out {out.shape}")
+
+
+def matmul(x, w, n_out, out, res=None, threads: int | None = None) -> None:
+    """out[t, n] = sum_k x[t, k] * W[n, k] for n < n_out, W float panels (P, K, 64) (float32 or fp16
+    bits, `layout.pack_panels`) or `QPanels`; with `res` (T, >= n_out) float32, then also
+    res[t, n] = res[t, n] + out[t, n]. The same bits for every storage of the same values."""
+    import numba
+
+    check(x, w, n_out, out, res)
+    if x.shape[0]:
+        nth = numba.get_num_threads() if threads is None else threads
+        mm(x, as_storage(w), n_out, out, nth, MM_PLAIN if res is None else MM_RESIDUAL,
+           out if res is None else res, out, 0)

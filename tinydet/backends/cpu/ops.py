@@ -1,0 +1,376 @@
+"""The CPU backend's operations besides the matrix product: RMSNorm, RoPE with the KV-cache write,
+attention, the gated activations, and the small element-wise steps. Every rule of the determinism
+contract (docs/determinism.md) holds: a thread owns whole outputs (a row, a (token, head) pair) and
+computes each completely, each reduction runs in one order fixed by its length alone, fastmath is off,
+and transcendentals come from `mathfn` (or their lane-by-lane twins in `simd`).
+
+RMSNorm's sum of squares, attention's q.k dots, the softmax denominator and the weighted sum of V use
+per-element Kahan compensation. With one token an operation runs on the calling thread, with more the
+rows are split over threads.
+
+Keys are cached with 64 positions side by side (k_cache[slot, kv_head, pos // 64, d, pos % 64]), so
+q.k runs 64 positions per vector; values by position (v_cache[slot, pos, kv_dim]), so the weighted
+sum of V runs 64 dims per vector.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from .mathfn import exp32, exp64, log64, sincos64, tanh32
+from .simd import (LANES, f32, narrow, v_add, v_div, v_exp32, v_exp32_sub, v_gather, v_get, v_load, v_max_range, v_mul,
+                   v_neg, v_splat, v_sqrt, v_store, v_sub, v_tanh32, v_zero, widen)
+
+ATILE = 64  # cache positions per tile of the transposed key cache
+SILU, GELU_TANH = 0, 1  # the gated activations (ModelConfig.activation "silu", "gelu_tanh")
+ACTIVATIONS = {"silu": SILU, "gelu_tanh": GELU_TANH}
+
+# GELU's tanh approximation, as PyTorch computes it in float32: 0.5 x (1 + tanh(b (x + k x^3)))
+_GELU_B = f32(1.41421356237309504880 * 1.12837916709551257390 * 0.5)  # sqrt(2) * (2 / sqrt(pi)) / 2
+_GELU_K = f32(0.044715)
+
+
+# ---------------------------------------------------------------------------------------------------
+# RMSNorm: out = (x * (1 / sqrt(mean(x^2) + eps))) * w, the sum of squares a Kahan sum in index order.
+
+@njit(cache=True, inline="always")
+def _rms_inv(x, t, i0, n, eps):
+    """1 / sqrt(mean(x[t, i0 : i0 + n]^2) + eps)."""
+    s = f32(0.0)
+    c = f32(0.0)
+    for i in range(i0, i0 + n):
+        y = x[t, i] * x[t, i] - c
+        z = s + y
+        c = (z - s) - y
+        s = z
+    return f32(1.0) / np.sqrt(s / f32(n) + eps)
+
+
+@njit(cache=True, inline="always")
+def _rms_tile(x, t0, nt, w, eps, out):
+    """RMSNorm of rows t0 .. t0 + nt - 1 (nt <= 64) at once, one row per lane: `_rms_inv`'s operations."""
+    D = x.shape[1]
+    s = v_zero()
+    c = v_zero()
+    for i in range(D):
+        xv = v_gather(x, t0 * D + i, D, nt)
+        y = v_sub(v_mul(xv, xv), c)
+        z = v_add(s, y)
+        c = v_sub(v_sub(z, s), y)
+        s = z
+    inv = v_div(v_splat(f32(1.0)), v_sqrt(v_add(v_div(s, v_splat(f32(D))), v_splat(eps))))
+    for r in range(nt):
+        iv = v_get(inv, r)
+        for i in range(D):
+            out[t0 + r, i] = (x[t0 + r, i] * iv) * w[i]
+
+
+@njit(parallel=True, cache=True)
+def _rmsnorm_rows(x, w, eps, out):
+    T = x.shape[0]
+    n = (T + LANES - 1) // LANES
+    n = max(n, min(T, 2 * ((n + 1) // 2)))  # an even job count where it costs nothing (two cores)
+    for j in prange(n):
+        t0 = j * T // n
+        _rms_tile(x, t0, (j + 1) * T // n - t0, w, eps, out)
+
+
+@njit(cache=True)
+def rmsnorm(x, w, eps, out):
+    """out[t] = x[t] / sqrt(mean(x[t]**2) + eps) * w for every row t of x (T, D)."""
+    if x.shape[0] == 1:
+        inv = _rms_inv(x, 0, 0, x.shape[1], eps)
+        for i in range(x.shape[1]):
+            out[0, i] = (x[0, i] * inv) * w[i]
+    else:
+        _rmsnorm_rows(x, w, eps, out)
+
+
+# ---------------------------------------------------------------------------------------------------
+# RoPE and the cache write.
+
+@njit(cache=True, inline="always")
+def _head_norm(qkv, t, base, head_dim, w, eps):
+    """QK-norm: RMSNorm of one head, in place (w (head_dim,); empty: none)."""
+    if w.shape[0]:
+        inv = _rms_inv(qkv, t, base, head_dim, eps)
+        for d in range(head_dim):
+            qkv[t, base + d] = (qkv[t, base + d] * inv) * w[d]
+
+
+@njit(cache=True, inline="always")
+def _rope_row(qkv, t, q_dim, kv_dim, head_dim, cos, sin, pos, slot, k_cache, v_cache, q_out, qn, kn, eps):
+    half = head_dim // 2
+    n_q = q_dim // head_dim
+    n_kv = kv_dim // head_dim
+    p = pos[t]
+    s = slot[t]
+    pt = p // ATILE
+    pl = p % ATILE
+    for h in range(n_q + n_kv):
+        base = h * head_dim
+        _head_norm(qkv, t, base, head_dim, qn if h < n_q else kn, eps)
+        for i in range(half):
+            x0 = qkv[t, base + i]
+            x1 = qkv[t, base + i + half]
+            cs = cos[p, i]
+            sn = sin[p, i]
+            r0 = x0 * cs - x1 * sn
+            r1 = x1 * cs + x0 * sn
+            if h < n_q:
+                q_out[t, base + i] = r0
+                q_out[t, base + i + half] = r1
+            else:
+                g = h - n_q
+                k_cache[s, g, pt, i, pl] = narrow(r0, k_cache)
+                k_cache[s, g, pt, i + half, pl] = narrow(r1, k_cache)
+    for i in range(kv_dim):
+        v_cache[s, p, i] = narrow(qkv[t, q_dim + kv_dim + i], v_cache)
+
+
+@njit(parallel=True, cache=True)
+def _rope_rows(qkv, q_dim, kv_dim, head_dim, cos, sin, pos, slot, k_cache, v_cache, q_out, qn, kn, eps):
+    for t in prange(qkv.shape[0]):
+        _rope_row(qkv, t, q_dim, kv_dim, head_dim, cos, sin, pos, slot, k_cache, v_cache, q_out, qn, kn, eps)
+
+
+@njit(cache=True)
+def rope_store(qkv, q_dim, kv_dim, head_dim, cos, sin, pos, slot, k_cache, v_cache, q_out, qn, kn, eps):
+    """For each row t (position pos[t] of sequence slot[t]): QK-norm each head of q and k where qn / kn
+    are given (empty arrays: none), rotate q and k (HF's half-split layout: pairs (i, i + hd/2)),
+    write q to q_out and k, v into the layer's cache, rounded there once if the cache is fp16."""
+    if qkv.shape[0] == 1:
+        _rope_row(qkv, 0, q_dim, kv_dim, head_dim, cos, sin, pos, slot, k_cache, v_cache, q_out, qn, kn, eps)
+    else:
+        _rope_rows(qkv, q_dim, kv_dim, head_dim, cos, sin, pos, slot, k_cache, v_cache, q_out, qn, kn, eps)
+
+
+@njit(cache=True)
+def rope_tables(n_pos, inv_freq, cos, sin):
+    """cos/sin[pos, i] of pos * inv_freq[i], in float64 with tinydet's own sincos, rounded once."""
+    for p in range(n_pos):
+        for i in range(inv_freq.shape[0]):
+            s, c = sincos64(np.float64(p) * inv_freq[i])
+            cos[p, i] = np.float32(c)
+            sin[p, i] = np.float32(s)
+
+
+def inv_freq(rope, head_dim: int) -> np.ndarray:
+    """(head_dim / 2,) float64 inverse frequencies of a `config.RoPE`: base**(-2i/head_dim) from
+    tinydet's own exp/log, then its scaling by + - * / only, so every machine computes the same table."""
+    ln_base = log64(rope.base)
+    inv = np.array([exp64(-(2.0 * i / head_dim) * ln_base) for i in range(head_dim // 2)])
+    if rope.scaling == "linear":
+        inv = inv / rope.factor
+    elif rope.scaling == "llama3":  # transformers' _compute_llama3_parameters, in float64
+        low_wavelen = rope.original_context / rope.low_freq_factor
+        high_wavelen = rope.original_context / rope.high_freq_factor
+        out = inv.copy()
+        for i, f in enumerate(inv):
+            wavelen = 2.0 * math.pi / f
+            if wavelen > low_wavelen:
+                out[i] = f / rope.factor
+            elif not wavelen < high_wavelen:
+                smooth = (rope.original_context / wavelen - rope.low_freq_factor) / (
+                    rope.high_freq_factor - rope.low_freq_factor)
+                out[i] = (1.0 - smooth) * f / rope.factor + smooth * f
+        inv = out
+    return inv
+
+
+# ---------------------------------------------------------------------------------------------------
+# Attention.
+
+@njit(cache=True, inline="always")
+def _attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, window, out, t, h, scores):
+    """Row t, head h: scores over positions lo..pos[t] of sequence slot[t] (lo = 0, or the first of the
+    last `window` positions), softmax, weighted sum of V.
+
+    q.k: per position, Kahan over d in order (64 positions at a time, one per lane). The running max
+    is a float64 holding a float32 (as the scalar `m = -np.inf; if s > m: m = s`), and exp32 takes
+    the float64 difference. The denominator is a Kahan sum over positions in order; the weighted sum
+    of V a Kahan sum over positions in order per d (64 d at a time, one per lane, where head_dim
+    allows)."""
+    group = n_heads // n_kv_heads
+    sl = slot[t]
+    n = pos[t] + 1
+    lo = max(0, n - window) if window > 0 else 0
+    qo = h * head_dim
+    g = h // group
+    kt = k_cache.shape[2]
+    j0 = lo // ATILE
+    nt = (n + ATILE - 1) // ATILE
+    kbase = (sl * n_kv_heads + g) * kt * head_dim * ATILE
+    vscale = v_splat(scale)
+    mv = v_splat(f32(-np.inf))
+    for j in range(j0, nt):
+        s = v_zero()
+        c = v_zero()
+        kb = kbase + j * head_dim * ATILE
+        for d in range(head_dim):
+            y = v_sub(v_mul(v_splat(q[t, qo + d]), v_load(k_cache, kb + d * ATILE)), c)
+            z = v_add(s, y)
+            c = v_sub(v_sub(z, s), y)
+            s = z
+        s = v_mul(s, vscale)
+        v_store(scores, j * ATILE, s)
+        mv = v_max_range(mv, s, lo - j * ATILE, n - j * ATILE)
+    m = -np.inf
+    for i in range(LANES):
+        e = v_get(mv, i)
+        if e > m:
+            m = e
+    for j in range(j0, nt):
+        v_store(scores, j * ATILE, v_exp32_sub(v_load(scores, j * ATILE), m))
+    vo = g * head_dim
+    vrow = v_cache.shape[2]
+    vbase = sl * v_cache.shape[1] * vrow
+    den = f32(0.0)
+    dc = f32(0.0)
+    if head_dim % LANES == 0:
+        # the denominator's sum rides along with the first 64 dims' weighted sum (independent chains)
+        acc = v_zero()
+        cmp = v_zero()
+        for i in range(lo, n):
+            e = scores[i]
+            y = e - dc
+            z = den + y
+            dc = (z - den) - y
+            den = z
+            yv = v_sub(v_mul(v_splat(e), v_load(v_cache, vbase + i * vrow + vo)), cmp)
+            zv = v_add(acc, yv)
+            cmp = v_sub(v_sub(zv, acc), yv)
+            acc = zv
+        v_store(out, t * out.shape[1] + qo, v_div(acc, v_splat(den)))
+        for d0 in range(LANES, head_dim, LANES):
+            acc = v_zero()
+            cmp = v_zero()
+            for i in range(lo, n):
+                y = v_sub(v_mul(v_splat(scores[i]), v_load(v_cache, vbase + i * vrow + vo + d0)), cmp)
+                z = v_add(acc, y)
+                cmp = v_sub(v_sub(z, acc), y)
+                acc = z
+            v_store(out, t * out.shape[1] + qo + d0, v_div(acc, v_splat(den)))
+    else:
+        for i in range(lo, n):
+            e = scores[i]
+            y = e - dc
+            z = den + y
+            dc = (z - den) - y
+            den = z
+        acc1 = np.zeros(head_dim, np.float32)
+        cmp1 = np.zeros(head_dim, np.float32)
+        for i in range(lo, n):
+            p = scores[i]
+            for d in range(head_dim):
+                y = p * widen(v_cache[sl, i, vo + d]) - cmp1[d]
+                z = acc1[d] + y
+                cmp1[d] = (z - acc1[d]) - y
+                acc1[d] = z
+        for d in range(head_dim):
+            out[t, qo + d] = acc1[d] / den
+
+
+@njit(parallel=True, cache=True)
+def attention(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, window, out):
+    """Causal grouped-query attention: row t attends to positions 0..pos[t] (with `window` > 0, the
+    last `window` of them) of sequence slot[t]. One (row, head) pair per work item; scores, softmax and
+    the weighted sum of V run over cache positions in order, so a row's result depends neither on how
+    its prompt was chunked nor on which other sequences share the batch."""
+    T = q.shape[0]
+    cap = k_cache.shape[2] * ATILE
+    for job in prange(T * n_heads):
+        # rows taken from both ends in turn (0, T-1, 1, T-2, ...): in a prompt, later rows attend to
+        # more positions, and this keeps contiguous runs of jobs equally costly
+        i = job // n_heads
+        t = i // 2 if i % 2 == 0 else T - 1 - i // 2
+        scores = np.empty(cap, np.float32)
+        _attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, window, out, t,
+                job % n_heads, scores)
+
+
+@njit(cache=True)
+def widen_rows(cache, slots, pos):
+    """The cached keys at (slots[t], pos[t]) as float32 rows of kv_dim (for tracing what the cache
+    holds), from a key cache (slot, kv_head, pos // 64, head_dim, pos % 64)."""
+    hd = cache.shape[3]
+    out = np.empty((pos.shape[0], cache.shape[1] * hd), np.float32)
+    for t in range(pos.shape[0]):
+        for g in range(cache.shape[1]):
+            for d in range(hd):
+                out[t, g * hd + d] = widen(cache[slots[t], g, pos[t] // ATILE, d, pos[t] % ATILE])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Gated activations: act = f(gate) * up, f(g) = g / (1 + e**-g) (SiLU) or 0.5 g (1 + tanh(b (g + k g^3)))
+# (GELU-tanh); 64 lanes at a time, the scalar tail by the same operations.
+
+@njit(cache=True, inline="always")
+def _gelu(g):
+    return (f32(0.5) * g) * (f32(1.0) + tanh32(_GELU_B * (g + _GELU_K * ((g * g) * g))))
+
+
+@njit(cache=True, inline="always")
+def glu_span(gu, t, ffn_dim, act, n0, n1, kind):
+    """act[t, n] = f(gate) * up for n0 <= n < n1, gu[t] = [gate | up]."""
+    one = v_splat(f32(1.0))
+    half = v_splat(f32(0.5))
+    b = v_splat(_GELU_B)
+    k = v_splat(_GELU_K)
+    n = n0
+    while n + LANES <= n1:
+        g = v_load(gu, t * 2 * ffn_dim + n)
+        u = v_load(gu, t * 2 * ffn_dim + ffn_dim + n)
+        if kind == SILU:
+            f = v_div(g, v_add(one, v_exp32(v_neg(g))))
+        else:
+            f = v_mul(v_mul(half, g), v_add(one, v_tanh32(v_mul(b, v_add(g, v_mul(k, v_mul(v_mul(g, g), g)))))))
+        v_store(act, t * ffn_dim + n, v_mul(f, u))
+        n += LANES
+    for i in range(n, n1):
+        g = gu[t, i]
+        f = g / (f32(1.0) + exp32(-g)) if kind == SILU else _gelu(g)
+        act[t, i] = f * gu[t, ffn_dim + i]
+
+
+@njit(parallel=True, cache=True)
+def glu_rows(gu, ffn_dim, act, kind):
+    """glu_span over every row, a row per thread; one row runs on the calling thread."""
+    T = gu.shape[0]
+    if T == 1:
+        glu_span(gu, 0, ffn_dim, act, 0, ffn_dim, kind)
+    else:
+        for t in prange(T):
+            glu_span(gu, t, ffn_dim, act, 0, ffn_dim, kind)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Element-wise steps.
+
+@njit(cache=True)
+def add_rows(x, y):
+    """x += y (a residual add, for the passes that do not fuse it into a matrix product)."""
+    T, D = x.shape
+    for t in range(T):
+        for i in range(D):
+            x[t, i] = x[t, i] + y[t, i]
+
+
+@njit(cache=True)
+def scale_rows(x, s):
+    """x *= s (the embedding scale)."""
+    for t in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            x[t, i] = x[t, i] * s
+
+
+@njit(cache=True)
+def softcap(x, n, cap):
+    """x[:, :n] = cap * tanh(x / cap) (final logit soft-capping), as three float32 steps."""
+    for t in range(x.shape[0]):
+        for i in range(n):
+            x[t, i] = tanh32(x[t, i] / cap) * cap

@@ -1,0 +1,478 @@
+"""The one vector layer of the CPU kernels: float32 vectors of 64 lanes (a panel's width) and 32
+(half of one; a quantized panel), fp16 widening and narrowing, and the compensated-sum step.
+
+Every vector operation is the scalar IEEE operation lane by lane, with no fast-math flags, so LLVM
+neither contracts nor reassociates: the vector width changes speed, never bits. An LLVM `<64 x float>`
+is four zmm registers on AVX-512, eight ymm on AVX2 and sixteen xmm on a generic x86-64; running sums
+stay in registers, where auto-vectorized loops kept them in memory.
+
+fp16 values are widened by the CPU's F16C conversion where the compile target has it, else by the
+integer trick of `f16_to_f32`; both are exact, so both give the same bits. (A generic x86-64 target
+has no F16C and LLVM would lower `fpext half` there to a runtime call the JIT cannot resolve.)
+
+The loads and stores read raw pointers without bounds checks: callers pass C-contiguous arrays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, overload, register_model
+
+from . import mathfn
+
+LANES = 64  # the vector width: outputs per float panel
+HALF = LANES // 2  # outputs per half panel (decode balance) and per quantized panel
+KBLOCK = 64  # k-block length of the block-Kahan sum of every matrix product
+
+f32 = np.float32
+
+
+@intrinsic
+def _u32_as_f32(typingctx, x):
+    sig = types.float32(types.uint32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return sig, codegen
+
+
+@intrinsic
+def _f32_as_u32(typingctx, x):
+    sig = types.uint32(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return sig, codegen
+
+
+@njit(cache=True)
+def f16_to_f32(h):
+    """IEEE binary16 bits (uint16) -> float32, exactly, by integer widening (no F16C needed).
+
+    The half's exponent and mantissa bits, shifted into float32 position, are the value times 2**-112
+    (the bias difference), normal or subnormal alike; one exact multiply by 2**112 restores it. Only
+    inf/NaN need their exponent forced to all ones. Branch-free, so the matmul loop vectorizes."""
+    h = np.uint32(h)
+    em = (h & np.uint32(0x7FFF)) << np.uint32(13)
+    bits = _f32_as_u32(_u32_as_f32(em) * f32(5.192296858534828e33))
+    if (h & np.uint32(0x7C00)) == np.uint32(0x7C00):
+        bits = em | np.uint32(0x7F800000)
+    return _u32_as_f32(bits | ((h & np.uint32(0x8000)) << np.uint32(16)))
+
+
+@njit(cache=True)
+def f32_to_f16(x):
+    """float32 -> IEEE binary16 bits (uint16), round to nearest even (as NumPy's astype(float16))."""
+    f = _f32_as_u32(f32(x))
+    sign = f & np.uint32(0x80000000)
+    f = f ^ sign
+    if f >= np.uint32(143 << 23):  # >= 65536.0: inf, NaN, or overflow
+        o = np.uint32(0x7E00) if f > np.uint32(0x7F800000) else np.uint32(0x7C00)
+    elif f < np.uint32(113 << 23):  # result is subnormal or zero
+        # Adding 0.5 aligns the half's subnormal LSB with float32's ULP: the float add rounds (RNE).
+        magic = np.uint32(126 << 23)
+        o = _f32_as_u32(_u32_as_f32(f) + _u32_as_f32(magic)) - magic
+    else:
+        mant_odd = (f >> np.uint32(13)) & np.uint32(1)
+        f = f + np.uint32(((15 - 127) << 23) & 0xFFFFFFFF) + np.uint32(0xFFF) + mant_odd
+        o = f >> np.uint32(13)
+    return np.uint16(o | (sign >> np.uint32(16)))
+
+
+def widen(v):
+    """Storage element -> float32 (identity for float32, binary16 bits for uint16)."""
+
+
+@overload(widen, inline="always")
+def _widen(v):
+    if v == types.float32:
+        return lambda v: v
+    if v == types.uint16:
+        return lambda v: f16_to_f32(v)
+
+
+def narrow(x, like):
+    """float32 -> the storage type of `like`'s array (float32 or binary16 bits)."""
+
+
+@overload(narrow, inline="always")
+def _narrow(x, like):
+    if like.dtype == types.float32:
+        return lambda x, like: f32(x)
+    if like.dtype == types.uint16:
+        return lambda x, like: f32_to_f16(x)
+
+
+@njit(cache=True)
+def to_f16_bits(a):
+    """float32 array -> binary16 bits, RNE; the one place weights are rounded to fp16."""
+    flat = a.ravel()
+    out = np.empty(flat.size, np.uint16)
+    for i in range(flat.size):
+        out[i] = f32_to_f16(flat[i])
+    return out.reshape(a.shape)
+
+
+@njit(cache=True)
+def from_f16_bits(a):
+    flat = a.ravel()
+    out = np.empty(flat.size, np.float32)
+    for i in range(flat.size):
+        out[i] = f16_to_f32(flat[i])
+    return out.reshape(a.shape)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Vector types and operations.
+
+_F = ir.FloatType()
+_D = ir.DoubleType()
+_I16 = ir.IntType(16)
+_I32 = ir.IntType(32)
+_I64 = ir.IntType(64)
+_VF = ir.VectorType(_F, LANES)
+_VD = ir.VectorType(_D, LANES)
+_VI32 = ir.VectorType(_I32, LANES)
+_VI64 = ir.VectorType(_I64, LANES)
+
+
+class _F32VType(types.Type):
+    def __init__(self, lanes):
+        self.lanes = lanes
+        super().__init__(name=f"tinydet.f32x{lanes}")
+
+
+_F32V = _F32VType(LANES)
+_F32V32 = _F32VType(HALF)
+
+
+@register_model(_F32VType)
+class _F32VModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, ir.VectorType(_F, fe_type.lanes))
+
+
+def _splat(ty, value):
+    return ir.Constant(ty, [ir.Constant(ty.element, value)] * ty.count)
+
+
+def _ptr(context, builder, aty, aval, idx, idx_ty, elem_ty):
+    """Pointer (as elem_ty*) to element `idx` (flat) of C-contiguous array aval."""
+    ary = context.make_array(aty)(context, builder, aval)
+    i = context.cast(builder, idx, idx_ty, types.intp)
+    return builder.bitcast(builder.gep(ary.data, [i]), elem_ty.as_pointer())
+
+
+def _c_array(a, *dtypes):
+    return isinstance(a, types.Array) and a.layout == "C" and a.dtype in dtypes
+
+
+def target_has(context, feature: str) -> bool:
+    """Whether the compile target has a CPU feature ("f16c", "fma", "avx512f"). The features are part
+    of numba's cache key, so a cached kernel always matches this choice; NUMBA_CPU_NAME=generic
+    compiles with none of them."""
+    feats = getattr(context.codegen(), "_tm_features", "") or ""
+    return f"+{feature}" in feats.split(",")
+
+
+def _widen_half_int(builder, h16):
+    """<64 x i16> binary16 bits -> <64 x float> exactly, by `f16_to_f32`'s integer trick."""
+    n = h16.type.count
+    vi, vf = ir.VectorType(_I32, n), ir.VectorType(_F, n)
+    h = builder.zext(h16, vi)
+    em = builder.shl(builder.and_(h, _splat(vi, 0x7FFF)), _splat(vi, 13))
+    bits = builder.bitcast(builder.fmul(builder.bitcast(em, vf), _splat(vf, 5.192296858534828e33)), vi)
+    special = builder.icmp_unsigned("==", builder.and_(h, _splat(vi, 0x7C00)), _splat(vi, 0x7C00))
+    bits = builder.select(special, builder.or_(em, _splat(vi, 0x7F800000)), bits)
+    sign = builder.shl(builder.and_(h, _splat(vi, 0x8000)), _splat(vi, 16))
+    return builder.bitcast(builder.or_(bits, sign), vf)
+
+
+def _widen_half(context, builder, h16):
+    if target_has(context, "f16c"):  # exact either way
+        n = h16.type.count
+        return builder.fpext(builder.bitcast(h16, ir.VectorType(ir.HalfType(), n)), ir.VectorType(_F, n))  # exact
+    return _widen_half_int(builder, h16)
+
+
+def _vec_ops(vt):
+    """zero, splat and load intrinsics for the vector type vt."""
+    vf = ir.VectorType(_F, vt.lanes)
+    vh = ir.VectorType(_I16, vt.lanes)
+
+    @intrinsic
+    def zero(typingctx):
+        def codegen(context, builder, sig, args):
+            return _splat(vf, 0.0)
+
+        return vt(), codegen
+
+    @intrinsic
+    def splat(typingctx, x):
+        if x != types.float32:
+            return None
+
+        def codegen(context, builder, sig, args):
+            v = builder.insert_element(ir.Constant(vf, ir.Undefined), args[0], ir.Constant(_I32, 0))
+            return builder.shuffle_vector(v, ir.Constant(vf, ir.Undefined),
+                                          ir.Constant(ir.VectorType(_I32, vt.lanes), [0] * vt.lanes))
+
+        return vt(types.float32), codegen
+
+    @intrinsic
+    def load(typingctx, arr, idx):
+        if not (_c_array(arr, types.float32, types.uint16) and isinstance(idx, types.Integer)):
+            return None
+        half = arr.dtype == types.uint16
+
+        def codegen(context, builder, sig, args):
+            if half:
+                p = _ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], vh)
+                return _widen_half(context, builder, builder.load(p, align=2))
+            p = _ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], vf)
+            return builder.load(p, align=4)
+
+        return vt(arr, idx), codegen
+
+    return zero, splat, load
+
+
+# v_zero(), v_splat(x): 64 lanes of 0 / of x; v_load(arr, idx): arr[idx : idx + 64] as float32 (flat
+# index into a C-contiguous array; float32 as stored, binary16 bits widened exactly). v32_*: 32 lanes.
+# v_add, v_sub, v_mul, v_div, v_store and v_get take either width.
+v_zero, v_splat, v_load = _vec_ops(_F32V)
+v32_zero, v32_splat, v32_load = _vec_ops(_F32V32)
+
+
+def _binop(name):
+    def impl(typingctx, a, b):
+        if not (isinstance(a, _F32VType) and a == b):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return getattr(builder, name)(args[0], args[1])  # plain IEEE op, no fast-math flags
+
+        return a(a, b), codegen
+
+    impl.__name__ = f"v_{name}"
+    return intrinsic(impl)
+
+
+v_add = _binop("fadd")
+v_sub = _binop("fsub")
+v_mul = _binop("fmul")
+v_div = _binop("fdiv")
+
+
+@intrinsic
+def v_store(typingctx, arr, idx, v):
+    """arr[idx : idx + lanes] = v (C-contiguous float32, flat index)."""
+    if not (_c_array(arr, types.float32) and isinstance(idx, types.Integer) and isinstance(v, _F32VType)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], ir.VectorType(_F, v.lanes))
+        builder.store(args[2], p, align=4)
+        return context.get_dummy_value()
+
+    return types.none(arr, idx, v), codegen
+
+
+@intrinsic
+def v_get(typingctx, v, i):
+    """Lane i of v."""
+    if not (isinstance(v, _F32VType) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.extract_element(args[0], context.cast(builder, args[1], sig.args[1], types.int32))
+
+    return types.float32(v, i), codegen
+
+
+@intrinsic
+def at(typingctx, arr, idx):
+    """arr[idx] (flat index into a C-contiguous float32 array, no bounds or sign checks)."""
+    if not (_c_array(arr, types.float32) and isinstance(idx, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], _F), align=4)
+
+    return types.float32(arr, idx), codegen
+
+
+def _splat_i64(builder, v):
+    return builder.shuffle_vector(builder.insert_element(ir.Constant(_VI64, ir.Undefined), v, ir.Constant(_I32, 0)),
+                                  ir.Constant(_VI64, ir.Undefined), ir.Constant(_VI32, [0] * LANES))
+
+
+@intrinsic
+def v_gather(typingctx, arr, base, stride, n):
+    """Lane j: arr[base + min(j, n - 1) * stride] (flat, C-contiguous float32): a column of up to 64
+    rows, the last row repeated in the lanes past n."""
+    if not (_c_array(arr, types.float32) and all(isinstance(a, types.Integer) for a in (base, stride, n))):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        b, st, nn = (context.cast(builder, a, t, types.int64) for a, t in zip(args[1:], sig.args[1:]))
+        lane = ir.Constant(_VI64, list(range(LANES)))
+        last = _splat_i64(builder, builder.sub(nn, ir.Constant(_I64, 1)))
+        j = builder.select(builder.icmp_signed("<", lane, last), lane, last)
+        off = builder.add(builder.mul(j, _splat_i64(builder, st)), _splat_i64(builder, b))
+        addr = builder.add(_splat_i64(builder, builder.ptrtoint(ary.data, _I64)), builder.shl(off, _splat(_VI64, 2)))
+        pty = ir.VectorType(_F.as_pointer(), LANES)
+        mask_ty = ir.VectorType(ir.IntType(1), LANES)
+        fnty = ir.FunctionType(_VF, [pty, _I32, mask_ty, _VF])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, f"llvm.masked.gather.v{LANES}f32.v{LANES}p0")
+        return builder.call(fn, [builder.inttoptr(addr, pty), ir.Constant(_I32, 4), ir.Constant(mask_ty, [1] * LANES),
+                                 ir.Constant(_VF, ir.Undefined)])
+
+    return _F32V(arr, base, stride, n), codegen
+
+
+@intrinsic
+def v_sqrt(typingctx, v):
+    """Correctly rounded square root lane by lane (as np.sqrt on a float32)."""
+    if v != _F32V:
+        return None
+
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF]), f"llvm.sqrt.v{LANES}f32")
+        return builder.call(fn, [args[0]])
+
+    return _F32V(v), codegen
+
+
+@intrinsic
+def v_neg(typingctx, v):
+    """-v as numba negates a float: -0.0 - v."""
+    if v != _F32V:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fsub(_splat(_VF, -0.0), args[0])
+
+    return _F32V(v), codegen
+
+
+@intrinsic
+def v_max_range(typingctx, m, s, lo, hi):
+    """Lanes lo <= j < hi: s if s > m else m (the `if s > m: m = s` of a running max); others keep m."""
+    if not (m == _F32V and s == _F32V and isinstance(lo, types.Integer) and isinstance(hi, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        lane = ir.Constant(_VI32, list(range(LANES)))
+
+        def splat_i32(v, ty):
+            v = builder.trunc(context.cast(builder, v, ty, types.int64), _I32)
+            return builder.shuffle_vector(builder.insert_element(ir.Constant(_VI32, ir.Undefined), v,
+                                                                 ir.Constant(_I32, 0)),
+                                          ir.Constant(_VI32, ir.Undefined), ir.Constant(_VI32, [0] * LANES))
+
+        valid = builder.and_(builder.icmp_signed(">=", lane, splat_i32(args[2], sig.args[2])),
+                             builder.icmp_signed("<", lane, splat_i32(args[3], sig.args[3])))
+        gt = builder.fcmp_ordered(">", args[1], args[0])
+        return builder.select(builder.and_(valid, gt), args[1], args[0])
+
+    return _F32V(m, s, lo, hi), codegen
+
+
+def _dconst(x):
+    return _splat(_VD, float(x))
+
+
+def _exp64_lanes(builder, x):
+    """mathfn.exp64 lane by lane on <64 x double> x, rounded to float (see v_exp32 for the range
+    handling)."""
+    return builder.fptrunc(_exp64_lanes_d(builder, x), _VF)
+
+
+def _exp64_lanes_d(builder, x):
+    """mathfn.exp64 lane by lane on <64 x double> x, as doubles (inputs clamped to [-708, 709])."""
+    nan = builder.fcmp_unordered("uno", x, x)
+    xc = builder.select(builder.fcmp_ordered("<", x, _dconst(-708.0)), _dconst(-708.0), x)
+    xc = builder.select(builder.fcmp_ordered(">", xc, _dconst(709.0)), _dconst(709.0), xc)
+    xc = builder.select(nan, _dconst(0.0), xc)
+    floor = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VD, [_VD]), f"llvm.floor.v{LANES}f64")
+    k = builder.call(floor, [builder.fadd(builder.fmul(xc, _dconst(mathfn.INV_LN2)), _dconst(0.5))])
+    r = builder.fsub(builder.fsub(xc, builder.fmul(k, _dconst(mathfn.LN2_HI))),
+                     builder.fmul(k, _dconst(mathfn.LN2_LO)))
+    p = _dconst(mathfn.E13)
+    for c in (mathfn.E12, mathfn.E11, mathfn.E10, mathfn.E9, mathfn.E8, mathfn.E7, mathfn.E6, mathfn.E5,
+              mathfn.E4, mathfn.E3, mathfn.E2, mathfn.E1, mathfn.E0):
+        p = builder.fadd(builder.fmul(p, r), _dconst(c))
+    ki = builder.fptosi(k, _VI64)
+    scale = builder.bitcast(builder.shl(builder.add(ki, _splat(_VI64, 1023)), _splat(_VI64, 52)), _VD)
+    return builder.select(nan, x, builder.fmul(p, scale))
+
+
+@intrinsic
+def v_exp32(typingctx, v):
+    """mathfn.exp32 lane by lane: the float64 operations of exp64 (range reduction, degree-13 Horner
+    polynomial, exact scaling by 2**k), rounded once to float32.
+
+    Inputs are clamped to [-708, 709] first: there 2**k is a normal double and the scaling is one exact
+    multiply, as ldexp's; outside it exp64's result rounds to float32 0 or inf either way, and the clamped
+    input gives the same 0 (exp(-708) < 2**-150) or inf (exp(709) > float32 max). NaN gives NaN as exp64
+    does (its own payload, rounded to float32)."""
+    if v != _F32V:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _exp64_lanes(builder, builder.fpext(args[0], _VD))
+
+    return _F32V(v), codegen
+
+
+@intrinsic
+def v_exp32_sub(typingctx, v, m):
+    """exp32(v - m) lane by lane with m float64 and the difference taken in float64, as the scalar
+    `exp32(scores[i] - m)` does when m is a float64 running max."""
+    if not (v == _F32V and m == types.float64):
+        return None
+
+    def codegen(context, builder, sig, args):
+        mv = builder.shuffle_vector(builder.insert_element(ir.Constant(_VD, ir.Undefined), args[1],
+                                                           ir.Constant(_I32, 0)),
+                                    ir.Constant(_VD, ir.Undefined), ir.Constant(_VI32, [0] * LANES))
+        return _exp64_lanes(builder, builder.fsub(builder.fpext(args[0], _VD), mv))
+
+    return _F32V(v, m), codegen
+
+
+@intrinsic
+def v_tanh32(typingctx, v):
+    """mathfn.tanh32 lane by lane: in float64, t = 1 - 2 / (e**(2|x|) + 1) with e** as exp64, the sign
+    of x, rounded once to float32. exp64's clamp at 709 changes nothing: beyond it t is 1.0 either way."""
+    if v != _F32V:
+        return None
+
+    def codegen(context, builder, sig, args):
+        x = builder.fpext(args[0], _VD)
+        neg = builder.fcmp_ordered("<", x, _dconst(0.0))
+        a = builder.select(neg, builder.fsub(_dconst(-0.0), x), x)
+        e = _exp64_lanes_d(builder, builder.fmul(_dconst(2.0), a))
+        t = builder.fsub(_dconst(1.0), builder.fdiv(_dconst(2.0), builder.fadd(e, _dconst(1.0))))
+        return builder.fptrunc(builder.select(neg, builder.fsub(_dconst(-0.0), t), t), _VF)
+
+    return _F32V(v), codegen
+
+
+# ---------------------------------------------------------------------------------------------------
+# The compensated sum shared by every matrix product: per output, plain float32 partial sums over
+# 64-long k-blocks, each added into (s, c) by one Kahan step, in block order from s = c = 0.
+
+@njit(cache=True, inline="always")
+def kahan(part, s, c):
+    """One block partial into the compensated sum (either vector width): returns (s, c)."""
+    y = v_sub(part, c)
+    z = v_add(s, y)
+    return z, v_sub(v_sub(z, s), y)

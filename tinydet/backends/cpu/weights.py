@@ -1,0 +1,188 @@
+"""A checkpoint's tensors packed for the CPU kernels, for one dtype; loading does this, once.
+
+  fp32    every matrix as float32 panels
+  fp16    every matrix as binary16 panels (rounded here, once, to nearest even; KV cache fp16 too)
+  native  each matrix as the file stores it: Q8_0/Q4_0/Q4_1 blocks as quantized panels, F16 as fp16
+          panels of the file's bits, other types dequantized to float32 panels; the bits of fp32
+Norm weights and biases stay float32. Matrices of one kind are stacked over layers (one array each,
+for the one-call forward pass); [wq; wk; wv] and [w1; w3] are packed as one matrix each. Packing goes
+a few thousand rows at a time and releases each part of the file as it is copied, so that loading
+holds little more than the packed weights.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...config import ModelConfig
+from ...formats import Tensor
+from ...formats.ggml import F16
+from .layout import LANES, NATIVE_TYPES, QPanels, aligned_empty, pack_panels, pack_parts, stack
+from .simd import to_f16_bits
+
+DTYPES = ("fp32", "fp16", "native")
+MATRICES = (("wqkv", ("wq", "wk", "wv")), ("wo", ("wo",)), ("w13", ("w1", "w3")), ("w2", ("w2",)))
+_PACK_ROWS = 4096  # rows dequantized and packed at a time (bounds the float32 temporaries)
+
+
+def storage(a: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 -> the storage type of `dtype` (fp16 rounds here, once, to nearest even)."""
+    return a if dtype != "fp16" else to_f16_bits(np.ascontiguousarray(a, np.float32))
+
+
+def _stack(arrays: list[np.ndarray]) -> np.ndarray:
+    """Equal-shaped arrays -> one 64-byte-aligned (n, ...) array (layout only)."""
+    out = aligned_empty((len(arrays),) + arrays[0].shape, arrays[0].dtype)
+    for i, a in enumerate(arrays):
+        out[i] = a
+    return out
+
+
+def _pack_float(parts: list[Tensor], dtype: str, out: np.ndarray | None = None) -> np.ndarray:
+    """The row concatenation of `parts` as panels (P, k, 64) of `dtype`'s storage, written into `out`
+    (or a new aligned array) a few thousand rows at a time. The values are pack_panels' exactly."""
+    n, k = sum(p.shape[0] for p in parts), parts[0].shape[1]
+    P = -(-n // LANES)
+    if out is None:
+        out = aligned_empty((P, k, LANES), np.uint16 if dtype == "fp16" else np.float32)
+    out[-1] = 0  # the last panel's padding rows
+    g = 0  # global row of the next chunk
+    for p in parts:
+        for n0 in range(0, p.shape[0], _PACK_ROWS):
+            n1 = min(p.shape[0], n0 + _PACK_ROWS)
+            w = storage(p.rows(n0, n1), dtype)
+            if p.row_order is None:
+                p.release((n0, n1))
+            m = n1 - n0
+            if g % LANES == 0 and (m % LANES == 0 or g + m == n):
+                full = -(-m // LANES) * LANES
+                if full != m:
+                    w = np.concatenate([w, np.zeros((full - m, k), w.dtype)])
+                out[g // LANES:(g + full) // LANES] = w.reshape(-1, LANES, k).transpose(0, 2, 1)
+            else:  # rows that straddle panels (e.g. a part whose row count is not a multiple of 64)
+                r = np.arange(g, g + m)
+                out[(r // LANES)[:, None], np.arange(k)[None, :], (r % LANES)[:, None]] = w
+            g += m
+        p.release()
+    return out
+
+
+def _pack_stack(per_layer: list[list[Tensor]], dtype: str) -> np.ndarray:
+    """One matrix kind as float panels stacked over layers (L, P, K, 64), each layer packed in place."""
+    n, k = sum(w.shape[0] for w in per_layer[0]), per_layer[0][0].shape[1]
+    out = aligned_empty((len(per_layer), -(-n // LANES), k, LANES), np.uint16 if dtype == "fp16" else np.float32)
+    for i, parts in enumerate(per_layer):
+        _pack_float(parts, dtype, out[i])
+    return out
+
+
+def _release(per_layer) -> None:
+    for parts in per_layer:
+        for p in parts:
+            p.release()
+
+
+def _native_kind(per_layer: list[list[Tensor]]):
+    """One matrix kind in native storage, stacked over layers: quantized panels when every part has
+    one Q8_0/Q4_0/Q4_1 type, fp16 panels of the file's bits when all are F16, else float32 panels of
+    the dequantized values."""
+    kinds = {p.ggml_type for parts in per_layer for p in parts}
+    kind = kinds.pop() if len(kinds) == 1 else None
+    if kind in NATIVE_TYPES:
+        k = per_layer[0][0].shape[1]
+        st = stack([pack_parts([(p.data, p.row_order, p.ggml_type) for p in parts], kind, k) for parts in per_layer])
+        _release(per_layer)
+        return st
+    if kind == F16:  # the file's fp16 bits, moved as they are
+        def bits(p):
+            b = p.data.view("<u2").reshape(p.shape)
+            return b if p.row_order is None else b[p.row_order]
+        st = _stack([pack_panels(np.concatenate([bits(p) for p in parts]).view(np.uint16)) for parts in per_layer])
+        _release(per_layer)
+        return st
+    return _pack_stack(per_layer, "fp32")
+
+
+def _first(st):
+    """Layer 0 of a stack (a matrix packed as a stack of one)."""
+    if isinstance(st, QPanels):
+        return QPanels(st.ggml_type, st.n, st.k, st.qs[0], st.d[0], None if st.m is None else st.m[0])
+    return st[0]
+
+
+def _vectors(cfg: ModelConfig, tensors: dict, names: tuple[str, ...], width: int) -> np.ndarray:
+    """Per-layer float32 vectors concatenated: (L, width); (L, 0) when the model has none."""
+    if f"layers.0.{names[0]}" not in tensors:
+        return np.zeros((cfg.n_layers, 0), np.float32)
+    return _stack([np.concatenate([tensors[f"layers.{i}.{n}"].float32() for n in names]) for i in range(cfg.n_layers)])
+
+
+class CPUWeights:
+    """Packed weights (shapes per layer l; "panels" of a matrix [N, K] are (ceil(N/64), K, 64) float,
+    or `QPanels` in native storage, each kind stacked over layers):
+      attn_norm, ffn_norm (L, dim); q_norm, k_norm (L, head_dim); post_attn_norm, post_ffn_norm
+      (L, dim); bqkv (L, q_dim + 2 kv_dim): float32, the optional ones (L, 0) when absent;
+      wqkv [wq; wk; wv], wo, w13 [w1; w3], w2: panels; norm (dim,); output: panels;
+      table: the embedding, a (vocab, dim) float array, or the output's storage when tied to it."""
+
+    def __init__(self, cfg: ModelConfig, tensors: dict[str, Tensor], dtype: str):
+        L = cfg.n_layers
+        self.norm = tensors["norm"].float32()
+        self.attn_norm = _vectors(cfg, tensors, ("attention_norm",), cfg.dim)
+        self.ffn_norm = _vectors(cfg, tensors, ("ffn_norm",), cfg.dim)
+        self.q_norm = _vectors(cfg, tensors, ("q_norm",), cfg.head_dim)
+        self.k_norm = _vectors(cfg, tensors, ("k_norm",), cfg.head_dim)
+        self.post_attn_norm = _vectors(cfg, tensors, ("post_attention_norm",), cfg.dim)
+        self.post_ffn_norm = _vectors(cfg, tensors, ("post_ffn_norm",), cfg.dim)
+        self.bqkv = _vectors(cfg, tensors, ("bq", "bk", "bv"), cfg.q_dim + 2 * cfg.kv_dim)
+        per_kind = {name: [[tensors[f"layers.{i}.{n}"] for n in parts] for i in range(L)] for name, parts in MATRICES}
+        emb, out = tensors["tok_embeddings"], tensors["output"]
+        if dtype == "native":
+            for name, parts in per_kind.items():
+                setattr(self, name, _native_kind(parts))
+            if emb.ggml_type in NATIVE_TYPES:
+                self.table = pack_parts([(emb.data, None, emb.ggml_type)], emb.ggml_type, cfg.dim)
+            elif out is emb:
+                self.table = None  # tied: rows are read from the output panels (same values)
+            elif emb.ggml_type == F16:
+                self.table = np.array(emb.data.view("<u2").reshape(emb.shape), np.uint16)  # widened exactly
+            else:
+                self.table = emb.float32()
+            if out is emb and self.table is not None:
+                self.output = self.table  # one copy serves both
+            else:
+                self.output = _first(_native_kind([[out]]))
+            emb.release()
+        else:
+            for name, parts in per_kind.items():
+                setattr(self, name, _pack_stack(parts, dtype))
+            self.output = _pack_float([out], dtype)
+            if out is emb:
+                self.table = None  # tied: rows are read from the output panels (same values)
+            else:
+                self.table = storage(emb.float32(), dtype)  # (vocab, dim)
+                emb.release()
+        if self.table is None:
+            self.table = self.output
+
+    def storage(self) -> dict[str, str]:
+        """How each matrix kind is stored: "f32", "f16" or a GGML quant type name."""
+        def kind(m):
+            if isinstance(m, QPanels):
+                return m.type_name
+            return "f16" if m.dtype == np.uint16 else "f32"
+        out = {name: kind(getattr(self, name)) for name, _ in MATRICES}
+        out["output"] = kind(self.output)
+        out["tok_embeddings"] = kind(self.table)
+        return out
+
+    def nbytes(self) -> int:
+        """Bytes of weights held in memory (each array once)."""
+        seen, total = set(), 0
+        for a in vars(self).values():
+            parts = [a] if isinstance(a, np.ndarray) else [x for x in (a.qs, a.d, a.m) if x is not None]
+            for x in parts:
+                if id(x) not in seen:
+                    seen.add(id(x))
+                    total += x.nbytes
+        return total
