@@ -1,5 +1,5 @@
-"""GEMV (decode, T=1) speed of the native quantized kernels (kernels/qcpu.py) against cpu.matmul on
-fp32 (and fp16) panels, for SmolLM2-135M's matrix shapes. Prints medians; `--prefill T` also times T
+"""GEMV (decode, T=1) speed of the one matrix product (backends/cpu/matmul.py) on quantized panels
+against fp32 (and fp16) panels, for SmolLM2-135M's matrix shapes. Prints medians; `--prefill T` also times T
 tokens at once.
 
 Each timed call reads a different copy of the matrix, in rotation over at least --footprint MB (default
@@ -24,10 +24,11 @@ import numpy as np
 
 import tinydet  # noqa: F401,I001  (first: sizes numba's thread pool)
 import numba  # noqa: E402
-from tinydet import qpack
-from tinydet.formats.ggml import GGML_TYPES
-from tinydet.kernels import cpu, qcpu
+from tinydet.backends.cpu import layout as qpack
+from tinydet.backends.cpu.matmul import matmul
+from tinydet.backends.cpu.simd import to_f16_bits
 from tinydet.formats.dequant import dequantize
+from tinydet.formats.ggml import GGML_TYPES
 
 # (name, rows N, row length K, uses per token in SmolLM2-135M: 30 layers, output once)
 SHAPES = [("qkv", 960, 576, 30), ("wo", 576, 576, 30), ("w13", 3072, 576, 30), ("w2", 576, 1536, 30),
@@ -79,12 +80,12 @@ def main() -> None:
         for kd in kinds:
             if kd in ("fp32", "fp16"):
                 raw = random_raw(rng, qpack.Q8_0, n, k)
-                wp = cpu.pack_panels(dequantize(raw, qpack.Q8_0, (n, k)))
+                wp = qpack.pack_panels(dequantize(raw, qpack.Q8_0, (n, k)))
                 if kd == "fp16":
-                    wp = cpu.to_f16_bits(wp)
+                    wp = to_f16_bits(wp)
                 nbytes = wp.nbytes
                 copies = [wp] + [wp.copy() for _ in range(int(a.footprint * 1e6 // nbytes))]
-                calls = [lambda x, out, wp=c: cpu.matmul(x, wp, n, out) for c in copies]
+                calls = [lambda x, out, wp=c: matmul(x, wp, n, out) for c in copies]
             else:
                 tid = {v: kk for kk, v in qpack.NATIVE_TYPES.items()}[kd]
                 qp = qpack.pack_quantized(random_raw(rng, tid, n, k), tid, k)
@@ -92,7 +93,7 @@ def main() -> None:
                 copies = [qp] + [qpack.QPanels(qp.ggml_type, qp.n, qp.k, qp.qs.copy(), qp.d.copy(),
                                                None if qp.m is None else qp.m.copy())
                                  for _ in range(int(a.footprint * 1e6 // nbytes))]
-                calls = [lambda x, out, qp=c: qcpu.qmatmul(x, qp, n, out) for c in copies]
+                calls = [lambda x, out, qp=c: matmul(x, qp, n, out) for c in copies]
             for T in Ts:
                 x = np.ascontiguousarray(x1[:T])
                 out = np.empty((T, n), np.float32)

@@ -62,3 +62,36 @@ def test_f16_rounding_matches_numpy_round_to_nearest_even():
     ok = ~np.isnan(x)
     assert np.array_equal(ours[ok], ref[ok])
     assert np.isnan(ours[~ok].view(np.float16)).all()
+
+
+def test_tanh_is_accurate_and_odd():
+    rng = np.random.default_rng(5)
+    xs = np.concatenate([rng.uniform(-20, 20, 4000), rng.uniform(-1e-3, 1e-3, 1000), [0.0, 1e-300, 40.0, 400.0]])
+    assert max(abs(tanh64(x) - math.tanh(x)) for x in xs) <= 4e-16
+    assert all(tanh64(-x) == -tanh64(x) for x in xs) and tanh64(1e6) == 1.0 and math.isnan(tanh64(math.nan))
+    x32 = rng.uniform(-10, 10, 20000).astype(np.float32)
+    bad = sum(tanh32(x) != np.float32(math.tanh(float(x))) for x in x32)
+    assert bad <= 20  # an absolute error of ~1e-16 can tip a float32 rounding near 0
+
+
+def test_gated_activations_vector_lanes_equal_the_scalar_tail():
+    """glu_span computes 64 outputs at a time with vector exp/tanh and the rest one by one: the same
+    value must come out of both paths, for SiLU and GELU-tanh."""
+    from tinydet.backends.cpu.ops import GELU_TANH, SILU, glu_rows
+
+    rng = np.random.default_rng(6)
+    g = np.concatenate([rng.standard_normal(3000) * 4, rng.uniform(-100, 100, 500),
+                        [0.0, -0.0, 1e-30, -1e-30, 88.0, -88.0, 200.0, -200.0, 1e30, -1e30]]).astype(np.float32)
+    u = rng.standard_normal(g.shape[0]).astype(np.float32)
+    ffn = 65  # lanes 0..63 by vector, 64 by the scalar tail
+    gu = np.concatenate([np.repeat(g[:, None], ffn, 1), np.repeat(u[:, None], ffn, 1)], axis=1)
+    for kind in (SILU, GELU_TANH):
+        act = np.empty((g.shape[0], ffn), np.float32)
+        glu_rows(np.ascontiguousarray(gu), ffn, act, kind)
+        assert np.array_equal(act[:, :64].view(np.uint32), np.repeat(act[:, 64:].view(np.uint32), 64, 1)), kind
+        g64 = g.astype(np.float64)
+        with np.errstate(over="ignore"):
+            ref = (g64 / (1 + np.exp(-g64)) if kind == SILU else
+                   0.5 * g64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64 ** 3)))) * u
+        ok = np.isfinite(ref)
+        assert np.allclose(act[ok, 64], ref[ok], rtol=1e-5, atol=1e-6), kind

@@ -16,12 +16,17 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from .dequant import dequantize
-from .ggml import GGML_TYPES, row_bytes
+from .ggml import F32, GGML_TYPES, row_bytes
+
+if TYPE_CHECKING:
+    from ..arch import ArchSpec
+    from ..config import ModelConfig
+    from ..tokenizer import Tokenizer
 
 
 class Tensor:
@@ -37,6 +42,12 @@ class Tensor:
         self.data, self.ggml_type, self.shape = data, ggml_type, tuple(shape)
         self.row_order = row_order
         self._release = release  # release(lo=0, hi=None): bytes lo..hi of `data` are no longer needed
+
+    @classmethod
+    def of(cls, a) -> "Tensor":
+        """A float32 array as an F32 tensor (a checkpoint built in memory)."""
+        a = np.ascontiguousarray(a, np.float32)
+        return cls(a.reshape(-1).view(np.uint8), F32, a.shape)
 
     @property
     def ndim(self) -> int:
@@ -81,12 +92,12 @@ class Tensor:
 class Checkpoint:
     """A model as read from its file(s)."""
 
-    config: "ModelConfig"  # noqa: F821
+    config: ModelConfig
     tensors: dict[str, Tensor]  # canonical name -> tensor; a tied output is the embedding's object
-    tokenizer: "Tokenizer"  # noqa: F821
+    tokenizer: Tokenizer
     metadata: dict  # the file's own metadata (GGUF keys but the vocabulary; HF's config.json, ...)
     path: Path
-    arch: "ArchSpec"  # noqa: F821
+    arch: ArchSpec
     format: str  # "gguf" or "huggingface"
     stored: list[tuple[str, str, tuple[int, ...]]] = field(default_factory=list)  # (file name, type, shape)
 

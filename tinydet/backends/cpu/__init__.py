@@ -1,8 +1,9 @@
 """The CPU backend: numba kernels that keep the determinism contract (docs/determinism.md).
 
   simd.py     the one vector layer (64- and 32-lane float32 vectors, fp16 widening, the Kahan step)
-  mathfn.py   tinydet's own exp, log, sin, cos, tanh from + - * /
+  mathfn.py   tinydet's own exp, log, sin, cos, tanh from + - * /; vmath.py the same lane by lane
   layout.py   float panels and quantized panels
+  qblocks.py  GGUF's quantized blocks read as float32 vectors
   loaders.py  how the matrix product reads each storage type
   tiles.py    rows times 64 outputs, shared by every storage type
   matmul.py   the one matrix product
@@ -17,6 +18,7 @@ cache instead of stale machine code.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import os
@@ -183,9 +185,11 @@ class CPUBackend(Backend):
             hook_id = next(_hook_ids)
             _fw.HOOKS[hook_id] = hook
         try:
-            logits = _fw.forward(b.ids, b.pos, b.slots, b.rows, self._w, cache.k, cache.v, cos, sin, self._layer_rope,
-                                 self._windows, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim,
-                                 ACTIVATIONS[cfg.activation], *self._scalars, cfg.vocab_size, self._threads, hook_id)
+            with _LAUNCH if _serial() else contextlib.nullcontext():
+                logits = _fw.forward(b.ids, b.pos, b.slots, b.rows, self._w, cache.k, cache.v, cos, sin,
+                                     self._layer_rope, self._windows, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+                                     cfg.ffn_dim, ACTIVATIONS[cfg.activation], *self._scalars, cfg.vocab_size,
+                                     self._threads, hook_id)
         finally:
             _fw.HOOKS.pop(hook_id, None)
         for item, (a, e, _) in zip(items, b.spans):
@@ -200,3 +204,13 @@ class CPUBackend(Backend):
 
 
 _hook_ids = itertools.count(1)
+_LAUNCH = threading.Lock()
+
+
+def _serial() -> bool:
+    """numba's workqueue threading layer takes parallel launches from one thread at a time (omp and
+    tbb take them from any number); until the first launch the layer is not known."""
+    try:
+        return numba.threading_layer() == "workqueue"
+    except ValueError:
+        return True

@@ -50,13 +50,15 @@ def chunk_range(T, C, c, tile):
     return (c * n_tiles // C) * tile, min(T, ((c + 1) * n_tiles // C) * tile)
 
 
-@njit(cache=True, inline="always")
-def _epilogue(out, t, n0, n1, n_out, mode, res, act, kind):
+@njit(cache=True)
+def _epilogue(out, ta, tb, n0, n1, n_out, mode, res, act, kind):
+    """The mode's epilogue on outputs n0..n1 of rows ta..tb (one call per job)."""
     if mode == MM_RESIDUAL:
-        for j in range(n0, min(n_out, n1)):
-            res[t, j] = res[t, j] + out[t, j]
+        for t in range(ta, tb):
+            for j in range(n0, min(n_out, n1)):
+                res[t, j] = res[t, j] + out[t, j]
     elif mode == MM_GLU:
-        glu_span(out, t, n_out // 2, act, n0, n1, kind)
+        glu_span(out, ta, tb, n_out // 2, act, n0, n1, kind)
 
 
 @njit(parallel=True, cache=True)
@@ -74,7 +76,7 @@ def mm(x, w, n_out, out, nth, mode, res, act, kind):
             u1 = (th + 1) * U // nth
             for part in range(parts):
                 gemv_units(x, w, n_out, out, u0 + part * U, u1 + part * U)
-            _epilogue(out, 0, u0 * HALF, u1 * HALF, n_out, mode, res, act, kind)
+            _epilogue(out, 0, 1, u0 * HALF, u1 * HALF, n_out, mode, res, act, kind)
     else:
         G = groups(w) // parts
         tile, chunk_tiles = tiling(w)
@@ -84,8 +86,7 @@ def mm(x, w, n_out, out, nth, mode, res, act, kind):
             ta, tb = chunk_range(T, C, job % C, tile)
             for part in range(parts):
                 prefill_group(x, w, g + part * G, ta, tb, n_out, out)
-            for t in range(ta, tb):
-                _epilogue(out, t, g * LANES, g * LANES + LANES, n_out, mode, res, act, kind)
+            _epilogue(out, ta, tb, g * LANES, g * LANES + LANES, n_out, mode, res, act, kind)
 
 
 def as_storage(w):

@@ -2,7 +2,7 @@
 attention, the gated activations, and the small element-wise steps. Every rule of the determinism
 contract (docs/determinism.md) holds: a thread owns whole outputs (a row, a (token, head) pair) and
 computes each completely, each reduction runs in one order fixed by its length alone, fastmath is off,
-and transcendentals come from `mathfn` (or their lane-by-lane twins in `simd`).
+and transcendentals come from `mathfn` (or their lane-by-lane twins in `vmath`).
 
 RMSNorm's sum of squares, attention's q.k dots, the softmax denominator and the weighted sum of V use
 per-element Kahan compensation. With one token an operation runs on the calling thread, with more the
@@ -21,8 +21,9 @@ import numpy as np
 from numba import njit, prange
 
 from .mathfn import exp32, exp64, log64, sincos64, tanh32
-from .simd import (LANES, f32, narrow, v_add, v_div, v_exp32, v_exp32_sub, v_gather, v_get, v_load, v_max_range, v_mul,
-                   v_neg, v_splat, v_sqrt, v_store, v_sub, v_tanh32, v_zero, widen)
+from .simd import (LANES, f32, narrow, v_add, v_div, v_gather, v_get, v_load, v_max_range, v_mul, v_neg, v_splat,
+                   v_sqrt, v_store, v_sub, v_zero, widen)
+from .vmath import v_exp32, v_exp32_sub, v_tanh32
 
 ATILE = 64  # cache positions per tile of the transposed key cache
 SILU, GELU_TANH = 0, 1  # the gated activations (ModelConfig.activation "silu", "gelu_tanh")
@@ -314,27 +315,28 @@ def _gelu(g):
     return (f32(0.5) * g) * (f32(1.0) + tanh32(_GELU_B * (g + _GELU_K * ((g * g) * g))))
 
 
-@njit(cache=True, inline="always")
-def glu_span(gu, t, ffn_dim, act, n0, n1, kind):
-    """act[t, n] = f(gate) * up for n0 <= n < n1, gu[t] = [gate | up]."""
+@njit(cache=True)
+def glu_span(gu, ta, tb, ffn_dim, act, n0, n1, kind):
+    """act[t, n] = f(gate) * up for rows ta <= t < tb and n0 <= n < n1, gu[t] = [gate | up]."""
     one = v_splat(f32(1.0))
     half = v_splat(f32(0.5))
     b = v_splat(_GELU_B)
     k = v_splat(_GELU_K)
-    n = n0
-    while n + LANES <= n1:
-        g = v_load(gu, t * 2 * ffn_dim + n)
-        u = v_load(gu, t * 2 * ffn_dim + ffn_dim + n)
-        if kind == SILU:
-            f = v_div(g, v_add(one, v_exp32(v_neg(g))))
-        else:
-            f = v_mul(v_mul(half, g), v_add(one, v_tanh32(v_mul(b, v_add(g, v_mul(k, v_mul(v_mul(g, g), g)))))))
-        v_store(act, t * ffn_dim + n, v_mul(f, u))
-        n += LANES
-    for i in range(n, n1):
-        g = gu[t, i]
-        f = g / (f32(1.0) + exp32(-g)) if kind == SILU else _gelu(g)
-        act[t, i] = f * gu[t, ffn_dim + i]
+    for t in range(ta, tb):
+        n = n0
+        while n + LANES <= n1:
+            g = v_load(gu, t * 2 * ffn_dim + n)
+            u = v_load(gu, t * 2 * ffn_dim + ffn_dim + n)
+            if kind == SILU:
+                f = v_div(g, v_add(one, v_exp32(v_neg(g))))
+            else:
+                f = v_mul(v_mul(half, g), v_add(one, v_tanh32(v_mul(b, v_add(g, v_mul(k, v_mul(v_mul(g, g), g)))))))
+            v_store(act, t * ffn_dim + n, v_mul(f, u))
+            n += LANES
+        for i in range(n, n1):
+            g = gu[t, i]
+            f = g / (f32(1.0) + exp32(-g)) if kind == SILU else _gelu(g)
+            act[t, i] = f * gu[t, ffn_dim + i]
 
 
 @njit(parallel=True, cache=True)
@@ -342,10 +344,10 @@ def glu_rows(gu, ffn_dim, act, kind):
     """glu_span over every row, a row per thread; one row runs on the calling thread."""
     T = gu.shape[0]
     if T == 1:
-        glu_span(gu, 0, ffn_dim, act, 0, ffn_dim, kind)
+        glu_span(gu, 0, 1, ffn_dim, act, 0, ffn_dim, kind)
     else:
         for t in prange(T):
-            glu_span(gu, t, ffn_dim, act, 0, ffn_dim, kind)
+            glu_span(gu, t, t + 1, ffn_dim, act, 0, ffn_dim, kind)
 
 
 # ---------------------------------------------------------------------------------------------------
