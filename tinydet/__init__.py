@@ -12,6 +12,6 @@ __version__ = "0.1.0"
 
 from .api import Model, load  # noqa: E402
 from .errors import ContextLengthError, ModelFormatError, TinydetError  # noqa: E402
-from .generate import Generation  # noqa: E402
+from .engine import Generation  # noqa: E402
 
 __all__ = ["load", "Model", "Generation", "TinydetError", "ModelFormatError", "ContextLengthError", "__version__"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -12,11 +11,11 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from .backends import Backend, load_backend
+from .engine import Engine, Generation, Request, check_context, generate, generate_batch, stream
 from .errors import TinydetError
-from .generate import Generation, Request, SequenceState, check_context, generate, generate_batch, stream_generate
 from .formats import open_checkpoint
 from .hashing import file_sha256, hash_ids
-from .backends import Backend, load_backend
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
 
@@ -81,16 +80,31 @@ class Model:
         return SamplingParams(temperature=float(temperature), top_k=top_k, top_p=float(top_p),
                               min_p=float(min_p), seed=seed)
 
+    SETTINGS = ("prompt", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop")
+
+    def request(self, prompt: str | Sequence[int] = "", max_tokens: int = 256, temperature: float = 0.0,
+                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int = 0,
+                stop: Sequence[str] | None = None, logits: bool = False) -> Request:
+        """An engine `Request` with generate()'s settings (`logits`: events carry their logits rows)."""
+        return Request(self.prompt_ids(prompt), self._params(temperature, top_k, top_p, min_p, seed), max_tokens,
+                       tuple(stop or ()), logits)
+
+    def engine(self, max_batch: int = 8, step_tokens: int | None = None) -> Engine:
+        """A step-wise engine over this model (submit / step / cancel; see `engine.scheduler`)."""
+        return Engine(self.backend, self.tokenizer, max_batch, step_tokens)
+
     def generate(self, prompt: str | Sequence[int] = "", max_tokens: int = 256, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int = 0,
                  stop: Sequence[str] | None = None) -> Generation:
         """Generate up to `max_tokens` tokens. Greedy when temperature is 0."""
-        params = self._params(temperature, top_k, top_p, min_p, seed)
-        ids = self.prompt_ids(prompt)
-        g = generate(self.backend, self.tokenizer, ids, params, max_tokens, stop or ())
-        g.settings = self._settings(params, max_tokens, stop)
-        self._log(g)
+        r = self.request(prompt, max_tokens, temperature, top_k, top_p, min_p, seed, stop)
+        g = generate(self.backend, self.tokenizer, r)
+        self._done(r, g)
         return g
+
+    def _done(self, r: Request, g: Generation) -> None:
+        g.settings = self._settings(r.params, r.max_tokens, r.stop)
+        self._log(g)
 
     def _log(self, g: Generation) -> None:
         """Append one JSON line describing a finished request to `self.log`."""
@@ -116,24 +130,21 @@ class Model:
                     min_p=params.min_p, seed=params.seed, stop=list(stop or []), dtype=self.dtype,
                     threads=self.threads)
 
-    def generate_batch(self, requests: Sequence[dict], max_batch: int = 8) -> list[Generation]:
-        """Generate for several requests together (continuous batching, up to `max_batch` at once).
-        Each request is a dict with `prompt` and any of generate()'s settings; each result is
-        bit-identical to `generate(**request)` alone."""
-        allowed = {"prompt", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop"}
+    def generate_batch(self, requests: Sequence[dict], max_batch: int = 8, step_tokens: int | None = None
+                       ) -> list[Generation]:
+        """Generate for several requests together (continuous batching, up to `max_batch` at once;
+        prompts prefilled under `step_tokens` tokens a step, or whole). Each request is a dict with
+        `prompt` and any of generate()'s settings; each result is bit-identical to `generate(**request)`
+        alone."""
         reqs = []
         for i, r in enumerate(requests):
-            unknown = set(r) - allowed
+            unknown = set(r) - set(self.SETTINGS)
             if unknown:
-                raise TinydetError(f"requests[{i}]: unknown settings {sorted(unknown)} (allowed: {sorted(allowed)})")
-            params = self._params(r.get("temperature", 0.0), r.get("top_k", 0), r.get("top_p", 1.0),
-                                  r.get("min_p", 0.0), r.get("seed", 0))
-            reqs.append(Request(self.prompt_ids(r.get("prompt", "")), params, r.get("max_tokens", 256),
-                                r.get("stop") or ()))
-        out = generate_batch(self.backend, self.tokenizer, reqs, max_batch)
+                raise TinydetError(f"requests[{i}]: unknown settings {sorted(unknown)} (allowed: {sorted(self.SETTINGS)})")
+            reqs.append(self.request(**r))
+        out = generate_batch(self.backend, self.tokenizer, reqs, max_batch, step_tokens)
         for r, g in zip(reqs, out):
-            g.settings = self._settings(r.params, r.max_tokens, r.stop)
-            self._log(g)
+            self._done(r, g)
         return out
 
     def chat_prompt(self, messages: Sequence[dict]) -> list[int]:
@@ -157,20 +168,12 @@ class Model:
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int = 0,
                stop: Sequence[str] | None = None) -> Iterator[str]:
         """Yield pieces of text as they are produced (the same tokens as `generate`)."""
-        params = self._params(temperature, top_k, top_p, min_p, seed)
-        ids = self.prompt_ids(prompt)
-        state = SequenceState(self.tokenizer, ids, params, max_tokens, stop or ())
-        t0 = time.perf_counter()
-        t_first = None
-        for r in stream_generate(self.backend, self.tokenizer, ids, params, max_tokens, stop or (), state=state):
-            t_first = t_first or time.perf_counter()
-            if r.text:
-                yield r.text
-        if self.log is not None:
-            t1 = time.perf_counter()
-            g = state.result(t_first - t0, t1 - t_first)
-            g.settings = self._settings(params, max_tokens, stop)
-            self._log(g)
+        r = self.request(prompt, max_tokens, temperature, top_k, top_p, min_p, seed, stop)
+        for ev in stream(self.backend, self.tokenizer, r):
+            if ev.text:
+                yield ev.text
+            if ev.result is not None:
+                self._done(r, ev.result)
 
 
 def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: int | None = None,

@@ -1,0 +1,160 @@
+"""The step-wise engine: requests submitted at any step, prompts chunked under a token budget,
+cancellation, events as they are produced, a background engine thread fed from other threads; every
+result bit-identical to the same request generated alone."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from tinydet.errors import ContextLengthError, TinydetError
+from tinydet.hashing import hash_logits
+
+REQUESTS = [
+    dict(prompt="", max_tokens=30),
+    dict(prompt="Once upon a time there was a little girl named Lily who", max_tokens=25, temperature=0.8,
+         top_p=0.9, seed=1),
+    dict(prompt="The sun", max_tokens=33, stop=["."]),
+    dict(prompt="Tom had a red ball and a big blue kite", max_tokens=9, temperature=1.0, top_k=20, seed=2),
+    dict(prompt="One day", max_tokens=40, temperature=0.9, seed=4),
+]
+
+
+def same(a, b):
+    return (a.token_ids, a.logits_hash, a.text, a.finish_reason) == (b.token_ids, b.logits_hash, b.text, b.finish_reason)
+
+
+@pytest.fixture(scope="module")
+def solo(stories_models):
+    model = stories_models["fp32"]
+    return [model.generate(**r) for r in REQUESTS]
+
+
+@pytest.mark.parametrize("step_tokens", [None, 1, 3, 7])
+@pytest.mark.parametrize("max_batch", [2, 5])
+def test_staggered_submissions_equal_solo(stories_models, solo, step_tokens, max_batch):
+    """Requests join while others run (one submitted every few steps), prompts prefilled in chunks of
+    the step's leftover budget: each result, and each event stream, is the request's solo run."""
+    model = stories_models["fp32"]
+    engine = model.engine(max_batch=max_batch, step_tokens=step_tokens)
+    pending = [model.request(**r, logits=True) for r in REQUESTS]
+    handles, steps = [], 0
+    while pending or not engine.idle:
+        if pending and steps % 3 == 0:
+            handles.append(engine.submit(pending.pop(0)))
+        engine.step()
+        steps += 1
+    for i, (h, want) in enumerate(zip(handles, solo)):
+        assert same(h.result, want), f"request {i}, step_tokens={step_tokens}, max_batch={max_batch}"
+        events = list(h.events(timeout=1))
+        assert "".join(e.text for e in events) == want.text
+        assert [e.token for e in events] == want.token_ids
+        assert hash_logits([e.logits for e in events]) == want.logits_hash
+        assert events[-1].finish_reason == want.finish_reason and events[-1].result is h.result
+
+
+def test_budget_chunks_the_prompt(stories_models):
+    """A 13-token prompt under a budget of 4 tokens a step gives its first token at the 4th step."""
+    model = stories_models["fp32"]
+    r = model.request([1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421], max_tokens=3)
+    engine = model.engine(max_batch=1, step_tokens=4)
+    h = engine.submit(r)
+    per_step = [len(engine.step()) for _ in range(6)]
+    assert per_step == [0, 0, 0, 1, 1, 1] and h.finished
+    assert same(h.result, model.generate(r.prompt_ids, max_tokens=3))
+
+
+def test_cancel_running_and_waiting(stories_models, solo):
+    model = stories_models["fp32"]
+    engine = model.engine(max_batch=2)
+    hs = [engine.submit(model.request(**r)) for r in REQUESTS[:3]]
+    for _ in range(5):
+        engine.step()
+    hs[0].cancel()  # running, 5 tokens in
+    hs[2].cancel()  # still waiting for a slot
+    engine.run()
+    a, b, c = (h.result for h in hs)
+    assert a.finish_reason == "cancelled" and a.token_ids == solo[0].token_ids[:len(a.token_ids)]
+    assert 0 < len(a.token_ids) < len(solo[0].token_ids)
+    assert c.finish_reason == "cancelled" and c.token_ids == []
+    assert same(b, solo[1])  # the others are not disturbed
+    assert list(hs[2].events(timeout=1))[-1].finish_reason == "cancelled"
+
+
+def test_engine_thread_fed_from_other_threads(stories_models, solo):
+    """A server's shape: one thread runs the engine, client threads submit and read their events."""
+    model = stories_models["fp32"]
+    engine = model.engine(max_batch=3, step_tokens=5)
+    stop = threading.Event()
+    runner = threading.Thread(target=engine.serve, args=(stop,), daemon=True)
+    runner.start()
+    results = {}
+
+    def client(i):
+        h = engine.submit(model.request(**REQUESTS[i]))
+        text = "".join(e.text for e in h.events(timeout=60))
+        results[i] = (text, h.wait(60))
+
+    clients = [threading.Thread(target=client, args=(i,)) for i in range(len(REQUESTS))]
+    for t in clients:
+        t.start()
+    for t in clients:
+        t.join(120)
+    stop.set()
+    runner.join(10)
+    assert not runner.is_alive()
+    for i, want in enumerate(solo):
+        text, g = results[i]
+        assert text == want.text and same(g, want), i
+
+
+def test_bad_requests_are_refused_at_submit(stories_models):
+    model = stories_models["fp32"]
+    engine = model.engine()
+    with pytest.raises(TinydetError, match="max_tokens"):
+        engine.submit(model.request("Hi", max_tokens=0))
+    with pytest.raises(ContextLengthError, match="max_tokens"):
+        engine.submit(model.request("Hi", max_tokens=model.config.context_length))
+    assert engine.idle and engine.step() == []
+    with pytest.raises(TinydetError, match="step_tokens"):
+        model.engine(step_tokens=0)
+    with pytest.raises(TinydetError, match="max_batch"):
+        model.engine(max_batch=0)
+
+
+def test_cache_grows_for_longer_requests(stories_models):
+    """The cache starts small and grows as longer requests arrive; entries already there are kept."""
+    model = stories_models["fp16"]
+    engine = model.engine(max_batch=2)
+    short = engine.submit(model.request("A", max_tokens=40))
+    for _ in range(10):
+        engine.step()
+    cap = engine.cache.capacity
+    long = engine.submit(model.request("Once upon a time " * 20, max_tokens=200, temperature=0.7, seed=5))
+    engine.run()
+    assert engine.cache.capacity > cap
+    assert same(short.result, model.generate("A", max_tokens=40))
+    assert same(long.result, model.generate("Once upon a time " * 20, max_tokens=200, temperature=0.7, seed=5))
+
+
+def test_failed_pass_ends_every_request_with_the_error(stories_models):
+    model = stories_models["fp32"]
+    engine = model.engine(max_batch=2)
+
+    def broken(layer, op, pos, slots, rows):
+        if op == "logits":
+            raise RuntimeError("injected")
+
+    h = engine.submit(model.request("Once", max_tokens=5))
+    model.backend.hooks.append(broken)
+    try:
+        with pytest.raises(RuntimeError, match="injected"):
+            engine.step()
+    finally:
+        model.backend.hooks.remove(broken)
+    with pytest.raises(RuntimeError, match="injected"):
+        h.wait(1)
+    assert engine.idle
+    assert np.isfinite(model.logits([1, 403])).all()  # the model itself is fine

@@ -1,0 +1,10 @@
+"""The step-wise engine and what it works with: `sequence.py` (Request, SequenceState, Event,
+Generation), `scheduler.py` (Engine: submit / step / cancel, chunked prefill under a token budget),
+`generate.py` (solo, streamed and batched generation as loops over it)."""
+
+from .generate import generate, generate_batch, stream
+from .scheduler import Engine, Handle
+from .sequence import Event, Generation, Request, SequenceState, check_context
+
+__all__ = ["Engine", "Handle", "Request", "Event", "Generation", "SequenceState", "check_context", "generate",
+           "generate_batch", "stream"]

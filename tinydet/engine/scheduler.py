@@ -1,0 +1,249 @@
+"""The step-wise engine: `submit(request) -> Handle`, `step()`, `cancel(handle)`.
+
+One `step()` is one forward pass over every live sequence: each running sequence's last token, plus
+the prompts of joining requests, whole or in chunks under a per-step token budget (`step_tokens`).
+A request gets a KV-cache slot when it is admitted and gives it back when it finishes, so requests
+join and leave at any step. Its tokens are sampled from its own logits rows at its own positions, and
+the backend's rows do not depend on what else shares a pass or how a prompt was chunked, so every
+request's result is bit-identical to the same request generated alone.
+
+Threads: `submit` and `cancel` may be called from any thread; `step` (or `serve`, a loop of steps for
+a background thread) from one thread at a time. Each handle's events arrive in order on a queue its
+owner can block on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections import deque
+from typing import Iterator
+
+from ..backends import Backend
+from ..errors import TinydetError
+from ..sampling import sample
+from .sequence import Event, Generation, Request, SequenceState, check_request
+
+
+class Handle:
+    """A submitted request: its events as they are produced, then its result."""
+
+    def __init__(self, engine: "Engine", request: Request, request_id: int):
+        self.engine, self.request, self.id = engine, request, request_id
+        self._events: queue.Queue[Event] = queue.Queue()
+        self._done = threading.Event()
+        self.result: Generation | None = None  # set when it finishes
+        self.error: BaseException | None = None  # set when the engine failed while it ran
+
+    @property
+    def finished(self) -> bool:
+        return self._done.is_set()
+
+    def events(self, timeout: float | None = None) -> Iterator[Event]:
+        """Yield this request's events in order until its last one (blocking; `timeout` seconds at
+        most per event, then TimeoutError). Raises the engine's error if it failed meanwhile."""
+        while True:
+            try:
+                ev = self._events.get(timeout=timeout)
+            except queue.Empty:
+                raise TimeoutError(f"request {self.id}: no event within {timeout} s") from None
+            if ev is None:  # the engine failed
+                raise self.error
+            yield ev
+            if ev.finish_reason is not None:
+                return
+
+    def wait(self, timeout: float | None = None) -> Generation:
+        """Block until finished; the result."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.id}: not finished within {timeout} s")
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+    def cancel(self) -> None:
+        self.engine.cancel(self)
+
+
+class _Running:
+    __slots__ = ("handle", "state", "slot", "fed", "t_submit", "t_admit", "t_first")
+
+    def __init__(self, handle: Handle, state: SequenceState, slot: int, t_submit: float):
+        self.handle, self.state, self.slot, self.fed = handle, state, slot, 0  # fed: prompt tokens in the cache
+        self.t_submit, self.t_admit, self.t_first = t_submit, time.perf_counter(), None
+
+
+class Engine:
+    """Continuous batching over one backend: up to `max_batch` sequences in flight, KV-cache slots
+    reused as sequences finish, prompts prefilled under a budget of `step_tokens` tokens per step
+    (None: a joining prompt goes in whole). The cache grows as requests need (up to the model's
+    context length); `capacity` presizes it."""
+
+    def __init__(self, backend: Backend, tokenizer, max_batch: int = 8, step_tokens: int | None = None,
+                 capacity: int = 0):
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise TinydetError(f"max_batch: expected at least 1, found {max_batch!r}")
+        if step_tokens is not None and (isinstance(step_tokens, bool) or not isinstance(step_tokens, int)
+                                        or step_tokens < 1):
+            raise TinydetError(f"step_tokens: expected a positive integer or None, found {step_tokens!r}")
+        self.backend, self.tokenizer = backend, tokenizer
+        self.max_batch, self.step_tokens = max_batch, step_tokens
+        self.cache = backend.new_cache(max(1, min(capacity, backend.config.context_length)), max_batch)
+        self._lock = threading.Condition()
+        self._waiting: deque[tuple[Handle, float]] = deque()
+        self._cancelled: set[int] = set()
+        self._running: dict[int, _Running] = {}  # slot -> sequence, in admission order
+        self._free = list(range(max_batch))[::-1]
+        self._ids = itertools.count(1)
+        self._step_lock = threading.Lock()
+
+    # -- any thread -------------------------------------------------------------------------------
+
+    def submit(self, request: Request) -> Handle:
+        """Queue a request (checked now: a bad one raises TinydetError and is not queued)."""
+        check_request(request, self.backend.config.context_length)
+        with self._lock:
+            h = Handle(self, request, next(self._ids))
+            self._waiting.append((h, time.perf_counter()))
+            self._lock.notify_all()
+        return h
+
+    def cancel(self, handle: Handle) -> None:
+        """Stop a request at the next step; its last event has finish_reason "cancelled"."""
+        with self._lock:
+            if not handle.finished:
+                self._cancelled.add(handle.id)
+                self._lock.notify_all()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waiting and nothing running."""
+        with self._lock:
+            return not self._waiting and not self._running
+
+    @property
+    def counts(self) -> tuple[int, int]:
+        """(running, waiting) requests."""
+        with self._lock:
+            return len(self._running), len(self._waiting)
+
+    # -- the engine thread ------------------------------------------------------------------------
+
+    def step(self) -> list[Event]:
+        """One forward pass over every live sequence; returns the events it produced (each also
+        delivered to its handle). A step with nothing to do returns []."""
+        with self._step_lock:
+            try:
+                return self._step()
+            except BaseException as e:
+                self._fail(e)
+                raise
+
+    def run(self) -> None:
+        """Step until idle."""
+        while not self.idle:
+            self.step()
+
+    def serve(self, stop: threading.Event, poll: float = 0.05) -> None:
+        """Step while there is work, wait for work otherwise, until `stop` is set (for a thread)."""
+        while not stop.is_set():
+            with self._lock:
+                if not self._waiting and not self._running:
+                    self._lock.wait(poll)
+                    continue
+            self.step()
+
+    def _finish(self, seq: _Running, events: list[Event], ev: Event) -> None:
+        now = time.perf_counter()
+        t_first = seq.t_first or now
+        seq.handle.result = ev.result = seq.state.result(t_first - seq.t_admit, now - t_first,
+                                                         seq.t_admit - seq.t_submit)
+        del self._running[seq.slot]
+        self._free.append(seq.slot)
+        self._emit(seq, events, ev)
+        seq.handle._done.set()
+
+    def _emit(self, seq: _Running, events: list[Event], ev: Event) -> None:
+        events.append(ev)
+        seq.handle._events.put(ev)
+
+    def _step(self) -> list[Event]:
+        events: list[Event] = []
+        with self._lock:
+            cancelled, self._cancelled = self._cancelled, set()
+            kept = deque()
+            for h, t in self._waiting:
+                if h.id in cancelled:
+                    h.result = SequenceState(self.tokenizer, h.request.prompt_ids, h.request.params,
+                                             h.request.max_tokens, h.request.stop).result()
+                    h.result.finish_reason = "cancelled"
+                    ev = Event(h.id, "", None, None, "cancelled", h.result)
+                    events.append(ev)
+                    h._events.put(ev)
+                    h._done.set()
+                else:
+                    kept.append((h, t))
+            self._waiting = kept
+            for seq in [s for s in self._running.values() if s.handle.id in cancelled]:
+                self._finish(seq, events, Event(seq.handle.id, seq.state.cancel(), None, None, "cancelled"))
+            while self._waiting and self._free:
+                h, t_submit = self._waiting.popleft()
+                r = h.request
+                need = len(r.prompt_ids) + r.max_tokens
+                if need > self.cache.capacity:
+                    self.cache.grow(max(need, min(2 * self.cache.capacity, self.backend.config.context_length)))
+                slot = self._free.pop()
+                self.cache.reset(slot)
+                self._running[slot] = _Running(h, SequenceState(self.tokenizer, r.prompt_ids, r.params, r.max_tokens,
+                                                                r.stop), slot, t_submit)
+        if not self._running:
+            return events
+        # Decoding sequences take one token each; prompts share what is left of the budget, in the
+        # order they joined (at least one prompt token per step, so every prompt progresses).
+        items, seqs = [], []
+        prefill = [s for s in self._running.values() if s.fed < len(s.state.prompt_ids)]
+        for s in self._running.values():
+            if s.fed == len(s.state.prompt_ids):
+                items.append((s.slot, [s.state.ids[-1]], "last"))
+                seqs.append(s)
+        budget = None if self.step_tokens is None else max(self.step_tokens - len(items), 0 if items else 1)
+        for s in prefill:
+            if budget == 0:
+                break
+            rest = len(s.state.prompt_ids) - s.fed
+            n = rest if budget is None else min(rest, budget)
+            items.append((s.slot, s.state.prompt_ids[s.fed:s.fed + n], "last" if n == rest else "none"))
+            seqs.append(s)
+            s.fed += n
+            if budget is not None:
+                budget -= n
+        logits = self.backend.forward_batch(items, self.cache)
+        for s, row in zip(seqs, logits):
+            if row is None:  # a prompt chunk that does not end the prompt
+                continue
+            row = row[0]
+            tok = sample(row, s.state.params, s.state.position)
+            if s.t_first is None:
+                s.t_first = time.perf_counter()
+            piece, reason = s.state.push(tok, row)
+            ev = Event(s.handle.id, piece, tok, row if s.handle.request.logits else None, reason)
+            with self._lock:
+                if reason is not None:
+                    self._finish(s, events, ev)
+                else:
+                    self._emit(s, events, ev)
+        return events
+
+    def _fail(self, e: BaseException) -> None:
+        """The pass raised: every live request ends with the error (their handles re-raise it)."""
+        with self._lock:
+            handles = [s.handle for s in self._running.values()] + [h for h, _ in self._waiting]
+            self._running.clear()
+            self._waiting.clear()
+            self._free = list(range(self.max_batch))[::-1]
+            for h in handles:
+                h.error = e
+                h._events.put(None)
+                h._done.set()

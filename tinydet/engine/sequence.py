@@ -1,0 +1,158 @@
+"""One request's life: what it asks for (`Request`), its text state while tokens arrive
+(`SequenceState`: detokenization, EOS, stop strings), what each step yields (`Event`) and what it
+ends as (`Generation`). Solo, batched and served generation share these, so they finish alike."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import ContextLengthError, TinydetError
+from ..hashing import hash_ids
+from ..sampling import SamplingParams
+
+FINISH_REASONS = ("stop", "length", "cancelled")
+
+
+@dataclass
+class Request:
+    """A prompt's token ids and its own settings. `logits`: each event carries the float32 logits row
+    that chose its token (for logprobs; rows are large, so off by default)."""
+
+    prompt_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int = 256
+    stop: Sequence[str] = ()
+    logits: bool = False
+
+
+@dataclass
+class Event:
+    """What one step produced for one request: the text it completed (maybe empty), its token, the
+    logits row that chose it (when the request asked), and on the last event the finish reason and
+    the request's result."""
+
+    request_id: int
+    text: str
+    token: int | None
+    logits: np.ndarray | None = None
+    finish_reason: str | None = None
+    result: "Generation | None" = None
+
+
+@dataclass
+class Generation:
+    text: str
+    token_ids: list[int]
+    prompt_token_ids: list[int]
+    finish_reason: str  # "stop" (EOS or a stop string), "length", or "cancelled"
+    output_hash: str  # SHA-256 of token_ids as int32 LE
+    logits_hash: str  # SHA-256 of the float32 logits rows that chose token_ids
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    queue_seconds: float = 0.0
+    settings: dict = field(default_factory=dict)
+
+    @property
+    def tokens_per_second(self) -> float:
+        n = len(self.token_ids) - 1  # the first token comes out of the prefill
+        return n / self.decode_seconds if n > 0 and self.decode_seconds > 0 else 0.0
+
+
+def check_context(n_prompt: int, max_tokens: int, context_length: int) -> None:
+    if n_prompt > context_length:
+        raise ContextLengthError(
+            f"prompt: {n_prompt} tokens do not fit in the model's context of {context_length} tokens")
+    if n_prompt + max_tokens > context_length:
+        raise ContextLengthError(
+            f"max_tokens: {n_prompt} prompt tokens + {max_tokens} new tokens exceed the model's context of "
+            f"{context_length} tokens (at most {context_length - n_prompt} new tokens fit)")
+
+
+def check_request(r: Request, context_length: int, where: str = "") -> None:
+    """Raise TinydetError (naming `where`'s fields) unless the request can run."""
+    if not r.prompt_ids:
+        raise TinydetError(f"{where}prompt: no tokens to start from")
+    if isinstance(r.max_tokens, bool) or not isinstance(r.max_tokens, int) or r.max_tokens < 1:
+        raise TinydetError(f"{where}max_tokens: expected at least 1, found {r.max_tokens!r}")
+    check_context(len(r.prompt_ids), r.max_tokens, context_length)
+
+
+def _stop_holdback(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest suffix of `text` that could still grow into a stop string."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best
+
+
+class SequenceState:
+    """One request's text state: turns sampled tokens into text pieces, applies EOS and stop strings,
+    and keeps what the result needs (the ids, a running hash of the logits rows)."""
+
+    def __init__(self, tokenizer, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int,
+                 stop: Sequence[str] = ()):
+        if max_tokens < 1:
+            raise TinydetError(f"max_tokens: expected at least 1, found {max_tokens}")
+        self.prompt_ids = list(prompt_ids)
+        self.params, self.max_tokens = params, max_tokens
+        self.stops = [s for s in (stop or ()) if s]
+        self.eos = set(tokenizer.eos_ids)
+        self.decoder = tokenizer.stream(self.prompt_ids)  # text continues the prompt (SentencePiece spaces)
+        self.text, self.emitted = "", 0
+        self.ids: list[int] = []
+        self._rows = hashlib.sha256()  # hashing.hash_logits, one row at a time
+        self.finish_reason: str | None = None
+
+    @property
+    def position(self) -> int:
+        """Position of the next token to sample (the RNG's counter)."""
+        return len(self.prompt_ids) + len(self.ids)
+
+    def _end(self, piece: str, reason: str) -> tuple[str, str]:
+        self.finish_reason = reason
+        return piece, reason
+
+    def push(self, tok: int, row: np.ndarray) -> tuple[str, str | None]:
+        """Take the token sampled from `row`: (the text it completes, the finish reason or None).
+        Text never splits a UTF-8 character, and text that could be the start of a stop string is
+        held back until it is known not to be one. A token that ends generation (EOS) adds no text."""
+        self.ids.append(tok)
+        self._rows.update(np.ascontiguousarray(row, dtype="<f4").data)
+        if tok in self.eos:
+            self.text += self.decoder.flush()
+            return self._end(self.text[self.emitted:], "stop")
+        last = len(self.ids) == self.max_tokens
+        self.text += self.decoder.push(tok)
+        if last:
+            self.text += self.decoder.flush()
+        for s in self.stops:
+            i = self.text.find(s, max(0, self.emitted - len(s)))
+            if i >= 0:
+                self.text = self.text[:i]
+                return self._end(self.text[self.emitted:] if i > self.emitted else "", "stop")
+        if last:
+            return self._end(self.text[self.emitted:], "length")
+        upto = len(self.text) - _stop_holdback(self.text, self.stops)
+        piece = self.text[self.emitted:upto] if upto > self.emitted else ""
+        self.emitted = max(self.emitted, upto)
+        return piece, None
+
+    def cancel(self) -> str:
+        """End here: the text not yet emitted (held back for stop strings) is given out."""
+        self.text += self.decoder.flush()
+        return self._end(self.text[self.emitted:], "cancelled")[0]
+
+    def result(self, prefill_seconds: float = 0.0, decode_seconds: float = 0.0, queue_seconds: float = 0.0
+               ) -> Generation:
+        return Generation(
+            text=self.text, token_ids=list(self.ids), prompt_token_ids=list(self.prompt_ids),
+            finish_reason=self.finish_reason or "length", output_hash=hash_ids(self.ids),
+            logits_hash=self._rows.hexdigest(), prefill_seconds=prefill_seconds, decode_seconds=decode_seconds,
+            queue_seconds=queue_seconds)
