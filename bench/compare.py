@@ -22,10 +22,15 @@ of the first new token; decode = `--new-tokens` single-token forwards, each with
 numbers are medians over the rounds; ratios are tinydet / peer of those medians, and in brackets the
 median of the per-round ratios (steadier when the machine's load drifts between rounds).
 
-Engine specs (`--engines`, comma-separated): NAME[:DTYPE][=MODEL]. NAME is tinydet, llama.cpp or
-transformers; DTYPE is tinydet's fp32/fp16 (default --dtype) or transformers' torch dtype fp32/bf16/fp16
-(default fp32); llama.cpp computes in the GGUF's own tensor types (its KV cache is F16, its default).
-MODEL is a GGUF file (default --model). Without --engines: tinydet and every peer that imports.
+Engine specs (`--engines`, comma-separated): NAME[:DTYPE][=MODEL][@SRC]. NAME is tinydet, llama.cpp or
+transformers; DTYPE is tinydet's fp32/fp16/native (default --dtype) or transformers' torch dtype
+fp32/bf16/fp16 (default fp32); llama.cpp computes in the GGUF's own tensor types (its KV cache is F16,
+its default). MODEL is a GGUF file (default --model). SRC, for tinydet, is a source checkout to import
+instead of the installed one (put first on PYTHONPATH), so two versions run side by side:
+
+    python bench/compare.py --model M.gguf --engines tinydet:fp32@/tmp/old,tinydet:fp32
+
+Without --engines: tinydet and every peer that imports.
 Example (the table in bench/README.md):
 
     python bench/compare.py --model F32.gguf --llama-python /work/llama-venv/bin/python \\
@@ -87,9 +92,19 @@ class TinydetWorker(Worker):
         return self.model.tokenize(text)
 
     def run(self, ids: list[int], new_tokens: int):
-        from tinydet.bench import timed_greedy
+        if hasattr(self.model, "backend"):
+            from tinydet.tools.bench import timed_greedy
+        else:  # a tinydet from before backends/ and tools/ (compared side by side)
+            from tinydet.bench import timed_greedy
 
         return timed_greedy(self.tr, ids, new_tokens, self.threads)
+
+    def batch(self, prompts: list[list[int]], new_tokens: int) -> tuple[float, list[str]]:
+        """generate_batch of greedy requests, one per prompt: (seconds, each result's output hash)."""
+        t0 = time.perf_counter()
+        out = self.model.generate_batch([dict(prompt=p, max_tokens=new_tokens) for p in prompts],
+                                        max_batch=len(prompts))
+        return time.perf_counter() - t0, [g.output_hash for g in out]
 
     def info(self) -> dict:
         import numba
@@ -238,6 +253,11 @@ def worker_main(spec: dict) -> None:
                 t0, t1, t2, out = w.run(req["ids"], req["new_tokens"])
                 send({"ok": True, "prefill_s": t1 - t0, "decode_s": t2 - t1, "tokens": out,
                       "cpu_s": _cpu_s() - c0, "maxrss_kb": _maxrss_kb()})
+            elif req["cmd"] == "batch":
+                spin(req.get("spin_s", 0.0))
+                c0 = _cpu_s()
+                seconds, hashes = w.batch(req["prompts"], req["new_tokens"])
+                send({"ok": True, "seconds": seconds, "hashes": hashes, "cpu_s": _cpu_s() - c0})
             elif req["cmd"] == "info":
                 send({"ok": True, "info": w.info()})
             elif req["cmd"] == "quit":
@@ -314,7 +334,7 @@ class EngineProc:
         self.log = tempfile.TemporaryFile("w+", encoding="utf-8")
         self.proc = subprocess.Popen([python, os.path.abspath(__file__), "--worker", json.dumps(spec)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
-                                     bufsize=1)
+                                     bufsize=1, env=worker_env(spec))
 
     def recv(self) -> dict:
         line = self.proc.stdout.readline()
@@ -356,9 +376,19 @@ def file_tag(path: str) -> str:
     return m.group(1).upper() if m else stem
 
 
+def worker_env(spec: dict) -> dict:
+    """The environment of a worker: with a tinydet source checkout (`@SRC`), that checkout first on
+    PYTHONPATH."""
+    env = dict(os.environ)
+    if spec.get("src"):
+        env["PYTHONPATH"] = os.pathsep.join([spec["src"]] + [p for p in [env.get("PYTHONPATH")] if p])
+    return env
+
+
 def parse_engines(text: str | None, a) -> list[dict]:
     specs = []
     for item in [s.strip() for s in text.split(",") if s.strip()]:
+        item, _, src = item.partition("@")
         head, _, model = item.partition("=")
         name, _, dtype = head.partition(":")
         engine = ALIASES.get(name.strip().lower())
@@ -373,7 +403,12 @@ def parse_engines(text: str | None, a) -> list[dict]:
             raise SystemExit(f"--engines: {engine} dtype {dtype!r}: expected one of {', '.join(DTYPES[engine])}")
         model = model.strip() or a.model
         model = str(Path(model).expanduser().resolve()) if model else None
-        specs.append(dict(engine=engine, dtype=dtype, model=model))
+        if src and engine != "tinydet":
+            raise SystemExit(f"--engines: @SRC is for tinydet, found it on {engine}")
+        if src and not (Path(src).expanduser() / "tinydet" / "__init__.py").is_file():
+            raise SystemExit(f"--engines: @{src}: not a tinydet source checkout (no tinydet/__init__.py)")
+        src = str(Path(src).expanduser().resolve()) if src else None
+        specs.append(dict(engine=engine, dtype=dtype, model=model, src=src))
     return specs
 
 
@@ -382,9 +417,9 @@ def python_for(engine: str, a) -> str:
             "transformers": a.transformers_python}[engine] or sys.executable
 
 
-def importable(python: str, module: str) -> bool:
+def importable(python: str, module: str, env: dict | None = None) -> bool:
     r = subprocess.run([python, "-c", f"import importlib.util as u, sys; sys.exit(u.find_spec({module!r}) is None)"],
-                       capture_output=True)
+                       capture_output=True, env=env)
     return r.returncode == 0
 
 
@@ -483,6 +518,8 @@ def main() -> None:
         tag = file_tag(s["model"])
         s["label"] = {"tinydet": f"tinydet {s['dtype']} ({tag})", "transformers": f"transformers {s['dtype']} ({tag})",
                       "llama.cpp": f"llama.cpp {tag}"}[s["engine"]]
+        if s.get("src"):
+            s["label"] += f" @{Path(s['src']).name}"
         s.update(threads=a.threads, n_ctx=a.prompt_tokens + a.new_tokens + 16)
     seen = {}
     for s in specs:  # the same engine twice on the same model and dtype: number them
@@ -492,7 +529,7 @@ def main() -> None:
     skipped, procs = [], []
     for s in specs:
         py = python_for(s["engine"], a)
-        if not importable(py, IMPORT[s["engine"]]):
+        if not importable(py, IMPORT[s["engine"]], worker_env(s)):
             why = f"{IMPORT[s['engine']]} does not import in {py}"
             skipped.append({"label": s["label"], "reason": why})
             log(f"skip {s['label']}: {why}")

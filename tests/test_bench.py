@@ -1,4 +1,4 @@
-"""tinydet.bench: the numbers are there, positive and consistent (no timing thresholds: machines vary),
+"""tinydet.tools.bench: the numbers are there, positive and consistent (no timing thresholds: machines vary),
 and timing does not change what is computed."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import pytest
 
 import tinydet
-from tinydet.bench import bench, bench_prompt, format_report
+from tinydet.tools.bench import bench, bench_prompt, format_report
 
 NUMBERS = ("prefill_tok_s", "decode_tok_s", "first_token_s", "warmup_s", "peak_rss_bytes", "peak_rss_mib")
 

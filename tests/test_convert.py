@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import tinydet
-from tinydet.convert import convert_gguf_to_hf
+from tinydet.tools.convert import convert_gguf_to_hf
 from tinydet.errors import TinydetError
 from tinydet.backends.cpu import simd as cpu
 
@@ -298,7 +298,7 @@ def test_refuses_to_overwrite(tmp_path, stories_path):
 @pytest.mark.parametrize("fail_at", ["safetensors", "tokenizer_config.json", "config.json", "rename"])
 @pytest.mark.parametrize("existing", [False, True])
 def test_failure_leaves_nothing(tmp_path, stories_path, monkeypatch, fail_at, existing):
-    import tinydet.convert as conv
+    import tinydet.tools.convert as conv
 
     out = tmp_path / "out"
     if existing:

@@ -13,9 +13,9 @@ from click.testing import CliRunner
 
 import tinydet
 from tinydet.cli import main
-from tinydet.golden import check_golden, read_golden
+from tinydet.tools.golden import check_golden, read_golden
 from tinydet.registry import get_manifest
-from tinydet.verify import npy_dispatch_to_disable
+from tinydet.tools.verify import npy_dispatch_to_disable
 
 GOLDEN = Path(__file__).parent / "golden"
 ENVIRONMENTS = {

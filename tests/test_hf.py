@@ -1,7 +1,7 @@
 """Hugging Face directories (tinydet/formats/hf_dir.py, safetensors.py): every bad input is a one-line ModelFormatError naming the
 file and the field; BF16 is widened exactly; a sharded checkpoint loads bit for bit like one file.
 
-The broken directories are copies of stories260K converted by tinydet.convert (1 MB, fast)."""
+The broken directories are copies of stories260K converted by tinydet.tools.convert (1 MB, fast)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import tinydet
-from tinydet.convert import convert_gguf_to_hf
+from tinydet.tools.convert import convert_gguf_to_hf
 from tinydet.errors import ModelFormatError
 from tinydet.formats.hf_dir import open_hf_dir
 from tinydet.formats.safetensors import SafetensorsFile, bf16_to_f32

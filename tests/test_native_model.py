@@ -14,7 +14,7 @@ import ggufgen as G
 import tinydet
 from tinydet.cli import main
 from tinydet.formats.ggml import GGML_TYPE_IDS
-from tinydet.trace import run_trace
+from tinydet.tools.trace import run_trace
 
 gguf = pytest.importorskip("gguf", reason="the gguf package (test extra) quantizes the test models")
 
@@ -145,7 +145,7 @@ def test_native_cli(stories_path):
 
 def test_native_hf_directory(tmp_path, stories_path):
     """A Hugging Face directory has nothing quantized: native stores its matrices as float32."""
-    from tinydet.convert import convert_gguf_to_hf
+    from tinydet.tools.convert import convert_gguf_to_hf
 
     out = convert_gguf_to_hf(stories_path, tmp_path / "hf")
     native = tinydet.load(out, dtype="native", threads=2)
@@ -157,7 +157,7 @@ def test_native_hf_directory(tmp_path, stories_path):
 def test_verify_holds_native_to_fp32(tmp_path, stories_path):
     """`tinydet verify` compares native cells with fp32's baseline: a native kernel that is off by
     an ulp fails every native cell (the fault injected through the backend's documented op hooks)."""
-    from tinydet.verify import run_matrix
+    from tinydet.tools.verify import run_matrix
 
     path = requantized(tmp_path, stories_path, PLANS["Q4_1"])
 

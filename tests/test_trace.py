@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 import tinydet
 from tinydet.cli import main
-from tinydet.trace import OPS, diff_traces, run_trace, write_trace
+from tinydet.tools.trace import OPS, diff_traces, run_trace, write_trace
 
 PROMPT = "Once upon a time, there was a little girl named Lily. She loved to"
 

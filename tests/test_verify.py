@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 import tinydet
 from tinydet.cli import main
-from tinydet.verify import run_matrix
+from tinydet.tools.verify import run_matrix
 
 
 def test_verify_stories_passes_every_cell(stories_path):

@@ -240,7 +240,7 @@ def verify(model_name, prompt, new_tokens, dtypes, no_subprocess, as_json, worke
     """Run the determinism matrix and print a hash per cell; exit 1 on any difference."""
     from .api import load
     from .registry import DEFAULT_MODEL
-    from .verify import format_table, run_matrix, worker_hash
+    from .tools.verify import format_table, run_matrix, worker_hash
 
     name = model_name or DEFAULT_MODEL
     if worker is not None:  # one baseline cell, for the subprocess runs
@@ -276,7 +276,7 @@ def verify(model_name, prompt, new_tokens, dtypes, no_subprocess, as_json, worke
 @cli_errors
 def trace(model_name, prompt, out_path, dtype, threads, chunk, no_values):
     """Record every op's output hash and statistics, per layer and position, as JSON lines."""
-    from .trace import run_trace, write_trace
+    from .tools.trace import run_trace, write_trace
 
     model = _load(model_name, dtype, threads, False)
     ids = model.prompt_ids(prompt)
@@ -292,7 +292,7 @@ def trace(model_name, prompt, out_path, dtype, threads, chunk, no_values):
 @cli_errors
 def diff(a, b, as_json):
     """Name the first op, layer and position where two traces part (exit 1 if they do)."""
-    from .trace import diff_traces, format_diff
+    from .tools.trace import diff_traces, format_diff
 
     d = diff_traces(a, b)
     click.echo(json.dumps(d) if as_json else format_diff(d))
@@ -312,7 +312,7 @@ def diff(a, b, as_json):
 def golden(model_name, check_path, write_path, overwrite, threads, no_native):
     """Check or (re)generate golden hashes for a model."""
     from .api import load
-    from .golden import check_golden, default_cases, n_checked, read_golden, run_cases, write_golden
+    from .tools.golden import check_golden, default_cases, n_checked, read_golden, run_cases, write_golden
     from .registry import resolve_model
 
     if (check_path is None) == (write_path is None):
@@ -353,8 +353,8 @@ def golden(model_name, check_path, write_path, overwrite, threads, no_native):
 def bench(model_name, dtype, threads, prompt_tokens, new_tokens, repeats, as_json):
     """Prefill and decode speed, first-token latency and peak memory of MODEL on this machine
     (default: the default model)."""
-    from .bench import bench as run_bench
-    from .bench import current_rss_bytes, format_report
+    from .tools.bench import bench as run_bench
+    from .tools.bench import current_rss_bytes, format_report
 
     rss0 = current_rss_bytes()
     t0 = time.perf_counter()
@@ -372,7 +372,7 @@ def bench(model_name, dtype, threads, prompt_tokens, new_tokens, repeats, as_jso
 @cli_errors
 def convert(source, out_dir, dtype, overwrite):
     """Write a GGUF model (a path or a known name) as a Hugging Face directory (safetensors)."""
-    from .convert import convert_gguf_to_hf
+    from .tools.convert import convert_gguf_to_hf
     from .registry import resolve_model
 
     out = convert_gguf_to_hf(resolve_model(source), out_dir, dtype=dtype, overwrite=overwrite,

@@ -1,5 +1,5 @@
 """Hugging Face model directories -> Checkpoint: config.json, safetensors weights (one file or
-shards), tokenizer.json with tokenizer_config.json / generation_config.json.
+shards), and the tokenizer files (`tokenizer/hf.py`).
 
 A directory is read as transformers would read it for its architecture (`arch/`: model_type or
 architectures picks the spec) and brought to tinydet's canonical names. HF's Q/K row order
@@ -11,52 +11,25 @@ Pickle checkpoints (pytorch_model.bin, *.pt, *.pth) are refused: unpickling runs
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from .. import arch as archs
 from ..config import ModelConfig, RoPE
 from ..errors import ModelFormatError
-from ..tokenizer import Tokenizer
+from ..tokenizer.hf import CONFIG_FILE, TOKENIZER_FILE, read_hf_tokenizer
 from . import Checkpoint, Tensor
-from .safetensors import SafetensorsFile, _is_int, _reject_duplicates
+from .jsonfile import is_int as _is_int
+from .jsonfile import read_json as _read_json
+from .safetensors import SafetensorsFile
 
 # Buffers some older checkpoints saved alongside the weights; recomputed from the config, never read.
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 
-CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-TOKENIZER_FILE = "tokenizer.json"
-TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
-GENERATION_CONFIG_FILE = "generation_config.json"
-CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where recent transformers versions save the template
 PICKLE_PATTERNS = ("pytorch_model*.bin", "*.bin", "*.pt", "*.pth", "*.ckpt")
-
-
-def _one_line(e: Exception) -> str:
-    s = str(e).strip().splitlines()
-    return s[0] if s else type(e).__name__
-
-
-def _read_json(path: Path, field: str, required: bool = True) -> dict | None:
-    if not path.is_file():
-        if required:
-            raise ModelFormatError(path, field, "missing")
-        return None
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ModelFormatError(path, field, f"is not valid UTF-8 ({e.reason})") from None
-    try:
-        data = json.loads(text, object_pairs_hook=_reject_duplicates(path, field))
-    except json.JSONDecodeError as e:
-        raise ModelFormatError(path, field, f"is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
-    if not isinstance(data, dict):
-        raise ModelFormatError(path, field, "expected a JSON object")
-    return data
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -275,126 +248,6 @@ def _tensors(files: list[SafetensorsFile], spec: archs.ArchSpec, cfg: ModelConfi
     if progress is not None:
         progress(len(names), len(names), "")
     return out
-
-
-# ---------------------------------------------------------------------------------------------------
-# Tokenizer
-
-
-def _token_text(v: Any) -> str | None:
-    """A special token as tokenizer_config.json writes it: a string, an AddedToken dict, or null."""
-    if v is None or isinstance(v, str):
-        return v
-    if isinstance(v, dict) and isinstance(v.get("content"), str):
-        return v["content"]
-    return ""  # malformed: the caller reports it
-
-
-def _chat_template(v: Any, path: Path) -> str | None:
-    if v is None or isinstance(v, str):
-        return v
-    if isinstance(v, list) and all(isinstance(t, dict) and isinstance(t.get("name"), str)
-                                   and isinstance(t.get("template"), str) for t in v):
-        by_name = {t["name"]: t["template"] for t in v}
-        return by_name.get("default", v[0]["template"] if v else None)
-    raise ModelFormatError(path, "chat_template", "expected a string or a list of {name, template} objects")
-
-
-def _id_list(v: Any, path: Path, field: str, n: int) -> list[int]:
-    ids = v if isinstance(v, list) else [v]
-    for i in ids:
-        if not _is_int(i):
-            raise ModelFormatError(path, field, f"expected a token id or a list of them, found {v!r}")
-        if not 0 <= i < n:
-            raise ModelFormatError(path, field, f"token id {i} is outside the vocabulary (0..{n - 1})")
-    return list(ids)
-
-
-def read_hf_tokenizer(path: str | Path, raw_config: dict | None = None) -> Tokenizer:
-    """Tokenizer from tokenizer.json, with BOS/EOS, their insertion and the chat template from
-    tokenizer_config.json, generation_config.json (and config.json's ids as a fallback)."""
-    import tokenizers
-
-    path = Path(path)
-    tpath = path / TOKENIZER_FILE
-    if not tpath.is_file():
-        extra = " (a SentencePiece tokenizer.model alone is not supported)" if (path / "tokenizer.model").exists() else ""
-        raise ModelFormatError(tpath, TOKENIZER_FILE, f"missing: tinydet needs a fast tokenizer file{extra}")
-    try:
-        hf = tokenizers.Tokenizer.from_file(str(tpath))
-    except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exceptions on bad files
-        raise ModelFormatError(tpath, TOKENIZER_FILE, f"does not parse as a tokenizers file: {_one_line(e)}") from None
-    n = hf.get_vocab_size(with_added_tokens=True)
-
-    tcpath = path / TOKENIZER_CONFIG_FILE
-    tc = _read_json(tcpath, TOKENIZER_CONFIG_FILE, required=False) or {}
-    gcpath = path / GENERATION_CONFIG_FILE
-    gc = _read_json(gcpath, GENERATION_CONFIG_FILE, required=False) or {}
-    cc = raw_config or {}
-    ccpath = path / CONFIG_FILE
-
-    def token_id(key) -> int | None:
-        text = _token_text(tc.get(key))
-        if text is None:
-            return None
-        if text == "":
-            raise ModelFormatError(tcpath, key, f"expected a token string or an AddedToken object, found {tc[key]!r}")
-        tid = hf.token_to_id(text)
-        if tid is None:
-            raise ModelFormatError(tcpath, key, f"token {text!r} is not in tokenizer.json's vocabulary")
-        return tid
-
-    bos_id = token_id("bos_token")
-    if bos_id is None:
-        for src, p in ((gc, gcpath), (cc, ccpath)):
-            if src.get("bos_token_id") is not None:
-                bos_id = _id_list(src["bos_token_id"], p, "bos_token_id", n)[0]
-                break
-    eos_ids: list[int] = []
-    tc_eos = token_id("eos_token")
-    if tc_eos is not None:
-        eos_ids.append(tc_eos)
-    for src, p in ((gc, gcpath), (cc, ccpath)):
-        if src.get("eos_token_id") is not None:
-            eos_ids += _id_list(src["eos_token_id"], p, "eos_token_id", n)
-            break
-
-    # Whether BOS/EOS are added: tokenizer_config.json's flags when it has them, else what
-    # tokenizer.json's post-processor does (which is what transformers then does too).
-    plain = hf.encode("a", add_special_tokens=False).ids
-    full = hf.encode("a", add_special_tokens=True).ids
-    pre, post = [], []
-    for k in range(len(full) - len(plain) + 1):
-        if full[k:k + len(plain)] == plain:
-            pre, post = full[:k], full[k + len(plain):]
-            break
-    flags = {}
-    for key, inferred, tid in (("add_bos_token", pre == [bos_id], bos_id),
-                               ("add_eos_token", post == [eos_ids[0]] if eos_ids else False, None)):
-        v = tc.get(key)
-        if v is None:
-            flags[key] = inferred
-        elif not isinstance(v, bool):
-            raise ModelFormatError(tcpath, key, f"expected true or false, found {v!r}")
-        else:
-            flags[key] = v
-    if flags["add_bos_token"] and bos_id is None:
-        raise ModelFormatError(tcpath, "add_bos_token", "is true but no BOS token is defined")
-    if flags["add_eos_token"] and not eos_ids:
-        raise ModelFormatError(tcpath, "add_eos_token", "is true but no EOS token is defined")
-
-    tok = Tokenizer.from_hf(hf, bos_id=bos_id, eos_ids=eos_ids,
-                            add_bos=flags["add_bos_token"], add_eos=flags["add_eos_token"])
-    jinja = path / CHAT_TEMPLATE_FILE
-    if jinja.is_file():
-        tok.chat_template = jinja.read_text(encoding="utf-8")
-    else:
-        tok.chat_template = _chat_template(tc.get("chat_template"), tcpath)
-    for attr, key in (("unk_id", "unk_token"), ("pad_id", "pad_token")):
-        text = _token_text(tc.get(key))
-        if text:
-            setattr(tok, attr, hf.token_to_id(text))
-    return tok
 
 
 # ---------------------------------------------------------------------------------------------------

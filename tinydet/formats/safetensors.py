@@ -13,7 +13,6 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -21,6 +20,8 @@ from ..errors import ModelFormatError
 from . import Tensor
 from .dequant import dequantize
 from .ggml import BF16, F16, F32
+from .jsonfile import is_int as _is_int
+from .jsonfile import reject_duplicates as _reject_duplicates
 from .pages import map_file, release_pages
 
 # Safetensors dtypes -> bits per element (the format's full list); tinydet loads the float ones below.
@@ -55,21 +56,6 @@ class STensor:
     shape: tuple[int, ...]
     offset: int  # absolute byte offset in the file
     nbytes: int
-
-
-def _reject_duplicates(path: Path, field: str):
-    def hook(pairs):
-        out = {}
-        for k, v in pairs:
-            if k in out:
-                raise ModelFormatError(path, field, f"duplicate key {k!r} in the JSON")
-            out[k] = v
-        return out
-    return hook
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 class SafetensorsFile:

@@ -1,4 +1,4 @@
-"""Tokenizers built from GGUF metadata, plus streaming detokenization.
+"""Tokenizers built from GGUF metadata or a Hugging Face directory, plus streaming detokenization.
 
 Two vocabulary kinds are supported, each following llama.cpp (src/llama-vocab.cpp):
 
@@ -6,13 +6,13 @@ Two vocabulary kinds are supported, each following llama.cpp (src/llama-vocab.cp
 * ``tokenizer.ggml.model = gpt2``: byte-level BPE over the file's merges, with the pre-tokenizer
   regexes llama.cpp uses for ``tokenizer.ggml.pre`` (`bpe`).
 
-The modules, each importing only those after it: `core` (the `Tokenizer` class: encoding, decoding),
-`gguf` (building a `Tokenizer` from GGUF metadata), `spm`, `bpe`, `stream` (`StreamDecoder`).
+The modules, each importing only those after it: `hf` (a Hugging Face directory's tokenizer.json and
+tokenizer_config.json), `core` (the `Tokenizer` class: encoding, decoding), `gguf` (building a
+`Tokenizer` from GGUF metadata), `spm`, `bpe`, `stream` (`StreamDecoder`).
 """
 
 from __future__ import annotations
 
-# The public names of the former tinydet/tokenizer.py, importable from here as before.
 from .bpe import PRE_TOKENIZERS  # noqa: F401
 from .core import Tokenizer
 from .gguf import (  # noqa: F401

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .errors import TinydetError
+from ..errors import TinydetError
 
 SETTINGS = ("prompt", "dtype", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed")
 

@@ -16,8 +16,8 @@ import sys
 from dataclasses import dataclass
 
 
-from .hashing import hash_ids, hash_logits
-from .sampling import SamplingParams, sample
+from ..hashing import hash_ids, hash_logits
+from ..sampling import SamplingParams, sample
 
 OTHER_PROMPTS = ["The little dog ran", "A", "Why is the sky blue? Because"]
 

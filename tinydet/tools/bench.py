@@ -2,7 +2,7 @@
 first-token latency, load time and peak memory, and `format_report` prints the result.
 
     import tinydet
-    from tinydet.bench import bench, format_report
+    from tinydet.tools.bench import bench, format_report
     print(format_report(bench("smollm2-135m-instruct", dtype="fp32", threads=2)))
 
 The prompt is `prompt_tokens` fixed token ids (the same for every run and model of the same
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import TinydetError
+from ..errors import TinydetError
 
 
 def _positive_int(name: str, value) -> int:
@@ -119,9 +119,9 @@ def bench(model, prompt_tokens: int = 128, new_tokens: int = 64, repeats: int = 
                                       what loading and running the model added, over what it holds
     model, dtype, threads, prompt_tokens, new_tokens, repeats, and the machine and versions
     """
-    from . import __version__
-    from .api import Model, load
-    from .hashing import hash_ids
+    from .. import __version__
+    from ..api import Model, load
+    from ..hashing import hash_ids
 
     prompt_tokens = _positive_int("prompt_tokens", prompt_tokens)
     new_tokens = _positive_int("new_tokens", new_tokens)

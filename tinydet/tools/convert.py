@@ -24,11 +24,11 @@ from typing import Callable
 
 import numpy as np
 
-from . import arch as archs
-from .errors import TinydetError
-from .formats.gguf_model import open_gguf
-from .formats.hf_dir import (CONFIG_FILE, GENERATION_CONFIG_FILE, SAFETENSORS_FILE, TOKENIZER_CONFIG_FILE,
-                             TOKENIZER_FILE)
+from .. import arch as archs
+from ..errors import TinydetError
+from ..formats.gguf_model import open_gguf
+from ..formats.hf_dir import SAFETENSORS_FILE
+from ..tokenizer.hf import CONFIG_FILE, GENERATION_CONFIG_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 
 __all__ = ["convert_gguf_to_hf", "CONVERT_DTYPES"]
 

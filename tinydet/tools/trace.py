@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import TinydetError
+from ..errors import TinydetError
 
 FORMAT = "tinydet-trace/1"
 
@@ -73,7 +73,7 @@ def run_trace(model, prompt_ids: Sequence[int], chunk: int | None = None, keep_v
 
 
 def write_trace(path, model, prompt_ids, tracer: Tracer, settings: dict) -> None:
-    from . import __version__
+    from .. import __version__
 
     header = {"format": FORMAT, "tinydet_version": __version__, "model": str(model.path),
               "model_sha256": model.sha256, "dtype": model.dtype, "threads": model.threads,
