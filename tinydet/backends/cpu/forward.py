@@ -24,7 +24,7 @@ from numba.core.errors import NumbaWarning
 
 from .loaders import embed_rows, layer
 from .matmul import MM_GLU, MM_PLAIN, MM_RESIDUAL, mm
-from .ops import add_rows, attention, glu_rows, rmsnorm, rope_store, scale_rows, softcap, widen_rows
+from .ops import add_bias, add_rows, attention, glu_rows, rmsnorm, rope_store, scale_rows, softcap, widen_rows
 from .simd import LANES
 
 # Ops in the order the pass computes them; a hook sees their names. The post-norms exist only in
@@ -103,6 +103,8 @@ def forward(ids, pos, slot, rows, w, k_cache, v_cache, cos, sin, layer_rope, win
         rmsnorm(x, attn_norm[li], eps, h)
         _see(hook, li, ATTN_NORM, pos, slot, h, 0, dim)
         mm(h, layer(wqkv, li), n_qkv, qkv, nth, MM_PLAIN, qkv, qkv, 0)
+        if bqkv.shape[1]:
+            add_bias(qkv, bqkv[li])
         _see(hook, li, Q, pos, slot, qkv, 0, q_dim)
         _see(hook, li, K, pos, slot, qkv, q_dim, q_dim + kv_dim)
         _see(hook, li, V, pos, slot, qkv, q_dim + kv_dim, n_qkv)

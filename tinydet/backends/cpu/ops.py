@@ -363,6 +363,14 @@ def add_rows(x, y):
 
 
 @njit(cache=True)
+def add_bias(x, b):
+    """x[t] += b: a projection's bias, added to each finished output (one rounding)."""
+    for t in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            x[t, i] = x[t, i] + b[i]
+
+
+@njit(cache=True)
 def scale_rows(x, s):
     """x *= s (the embedding scale)."""
     for t in range(x.shape[0]):

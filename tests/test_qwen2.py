@@ -1,0 +1,216 @@
+"""Qwen2 (q/k/v biases) on tiny checkpoints made here (tests/qwen2gen.py): the same random weights as a
+Hugging Face directory written by transformers and as a GGUF with llama.cpp's qwen2 names and keys.
+Against transformers fp32: logits within 1e-4, the same 32 greedy tokens; GGUF and HF directory give
+the same bits; the whole contract (threads, chunking, batch, native storage, trace, verify, golden
+hashes) and conversion back to a Qwen2ForCausalLM directory."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import qwen2gen as Q
+import tinydet
+from tinydet.cli import main
+from tinydet.hashing import file_sha256
+from tinydet.tools.golden import check_golden, read_golden
+from tinydet.tools.trace import diff_traces, run_trace, write_trace
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+
+GOLDEN = Path(__file__).parent / "golden" / "qwen2-tiny.json"
+TEXTS = ["Hello world", "The quick brown fox jumps over the lazy dog.", "12345 and 3.14159, 2024-03-15",
+         "<|im_start|>user\nHi there, how are you?<|im_end|>\n<|im_start|>assistant\n",
+         "I'm sure you'll agree: we're here.\n\n\tdef hello(name):\n    return name"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """{tied: (hf_dir, {quant: gguf})} for the untied and the tied variant."""
+    out = tmp_path_factory.mktemp("qwen2")
+    made = {}
+    for tied in (False, True):
+        hf, f32 = Q.make_tiny_qwen2(out, None, tied=tied)
+        made[tied] = (hf, {None: f32, "q8_0": Q.write_gguf(out / f"q8_0-{tied}.gguf", "q8_0", tied=tied),
+                           "q4_0": Q.write_gguf(out / f"q4_0-{tied}.gguf", "q4_0", tied=tied)})
+    return made
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    return {tied: Q.hf_model(tied=tied).eval() for tied in (False, True)}
+
+
+def bits(a):
+    return np.ascontiguousarray(a, np.float32).view(np.uint32)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_logits_match_transformers_and_gguf_equals_hf_dir(files, hf_model, tied, record_property):
+    hf_dir, ggufs = files[tied]
+    from_dir, from_gguf = tinydet.load(hf_dir), tinydet.load(ggufs[None])
+    # GGUF stores the RMSNorm epsilon as a float32, config.json as a decimal: the kernels use float32
+    assert dataclasses.replace(from_dir.config, rms_eps=float(np.float32(from_dir.config.rms_eps))) == from_gguf.config
+    assert from_gguf.config.arch == "qwen2" and from_gguf.config.qkv_bias
+    worst = 0.0
+    for text in TEXTS:
+        ids = from_gguf.tokenize(text)
+        assert ids == from_dir.tokenize(text) == Q.hf_tokenizer().encode(text).ids
+        ours = from_gguf.logits(ids)
+        assert np.array_equal(bits(ours), bits(from_dir.logits(ids)))
+        with torch.no_grad():
+            want = hf_model[tied](torch.tensor([ids])).logits[0].numpy()
+        worst = max(worst, float(np.abs(ours - want).max()))
+    record_property("qwen2_max_abs_diff_vs_transformers", worst)
+    print(f"tiny Qwen2 (tied={tied}): max |tinydet - transformers| = {worst:.2e} over {len(TEXTS)} prompts")
+    assert worst <= 1e-4
+
+
+def test_greedy_32_tokens_match_transformers(files, hf_model):
+    model = tinydet.load(files[False][1][None])
+    for text in TEXTS[:3]:
+        ids = model.tokenize(text)
+        with torch.no_grad():
+            want = hf_model[False].generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
+                                            eos_token_id=None)[0, len(ids):].tolist()
+        g = model.generate(ids, max_tokens=32)
+        assert g.token_ids == want[:len(g.token_ids)], text
+        assert len(g.token_ids) == 32 or g.finish_reason == "stop"
+
+
+def test_biases_matter(files):
+    """A runtime that dropped the biases would be caught: zeroing them moves the logits."""
+    from tinydet.backends.cpu import CPUBackend
+    from tinydet.formats import Tensor, open_checkpoint
+
+    ck = open_checkpoint(files[False][1][None])
+    tensors = {k: (Tensor.of(np.zeros(v.shape, np.float32)) if ".b" in k else v) for k, v in ck.tensors.items()}
+    ids = ck.tokenizer.encode(TEXTS[1])
+    be, zero = CPUBackend(ck.config, ck.tensors), CPUBackend(ck.config, tensors)
+    a = be.forward(ids, be.new_cache(len(ids)), all_logits=True)
+    b = zero.forward(ids, zero.new_cache(len(ids)), all_logits=True)
+    assert np.abs(a - b).max() > 0.5
+
+
+def test_threads_chunking_and_batch(files):
+    model = tinydet.load(files[False][1][None], dtype="fp32")
+    ids = model.tokenize(TEXTS[3])
+    base = bits(model.logits(ids))
+    for threads, chunk in ((1, 1), (2, 5), (3, 3)):
+        model.threads = threads
+        cache = model.backend.new_cache(len(ids))
+        rows = [model.backend.forward(ids[i:i + chunk], cache, all_logits=True) for i in range(0, len(ids), chunk)]
+        assert np.array_equal(bits(np.concatenate(rows)), base), (threads, chunk)
+    reqs = [dict(prompt=t, max_tokens=12 + 3 * i, temperature=0.8 * (i % 2), seed=i) for i, t in enumerate(TEXTS)]
+    solo = [model.generate(**r) for r in reqs]
+    for step_tokens in (None, 4):
+        got = model.generate_batch(reqs, max_batch=3, step_tokens=step_tokens)
+        assert [(g.token_ids, g.logits_hash) for g in got] == [(s.token_ids, s.logits_hash) for s in solo]
+
+
+@pytest.mark.parametrize("quant", ["q8_0", "q4_0"])
+def test_native_storage_gives_fp32_bits(files, quant):
+    path = files[True][1][quant]
+    fp32, native = tinydet.load(path, dtype="fp32"), tinydet.load(path, dtype="native")
+    assert native.backend.storage()["wqkv"] == quant.upper()
+    for text in TEXTS[:3]:
+        ids = fp32.tokenize(text)
+        assert np.array_equal(bits(native.logits(ids)), bits(fp32.logits(ids)))
+    g, want = native.generate(TEXTS[0], max_tokens=20), fp32.generate(TEXTS[0], max_tokens=20)
+    assert (g.output_hash, g.logits_hash) == (want.output_hash, want.logits_hash)
+
+
+def test_trace_diff(files, tmp_path):
+    model = tinydet.load(files[False][1][None])
+    ids = model.tokenize(TEXTS[1])
+    paths = []
+    for threads, chunk in ((1, None), (3, 4)):
+        model.threads = threads
+        p = tmp_path / f"t{threads}.jsonl"
+        write_trace(p, model, ids, run_trace(model, ids, chunk), {"chunk": chunk})
+        paths.append(p)
+    d = diff_traces(*paths)
+    assert d["identical"] and d["n_compared"] > 0
+
+
+def test_convert_back_to_qwen2_directory(files, tmp_path, hf_model):
+    """GGUF -> HF directory: transformers loads it as Qwen2ForCausalLM with transformers' own logits of
+    the original, and tinydet gives the GGUF's bits from it."""
+    from tinydet.tools.convert import convert_gguf_to_hf
+
+    for tied in (False, True):
+        out = convert_gguf_to_hf(files[tied][1][None], tmp_path / f"conv-{tied}")
+        cfg = json.loads((out / "config.json").read_text())
+        assert cfg["architectures"] == ["Qwen2ForCausalLM"] and cfg["model_type"] == "qwen2"
+        assert cfg["tie_word_embeddings"] is tied
+        m = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+        assert type(m).__name__ == "Qwen2ForCausalLM"
+        ids = tinydet.load(files[tied][1][None]).tokenize(TEXTS[4])
+        with torch.no_grad():
+            a = m(torch.tensor([ids])).logits[0].numpy()
+            b = hf_model[tied](torch.tensor([ids])).logits[0].numpy()
+        assert np.array_equal(a, b)  # the same weights, bit for bit, through transformers
+        assert np.array_equal(bits(tinydet.load(out).logits(ids)), bits(tinydet.load(files[tied][1][None]).logits(ids)))
+
+
+def test_verify_matrix_passes(files):
+    r = CliRunner().invoke(main, ["verify", "--model", str(files[False][1]["q8_0"]), "--json", "--new-tokens", "12"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["passed"] and len(out["cells"]) == 51
+
+
+def test_golden_hashes(files):
+    """tests/golden/qwen2-tiny.json (the Q8_0 file). Its greedy fp32 case is pinned to transformers: the
+    same 32 tokens from the Qwen2ForCausalLM holding the file's dequantized weights. Then every case,
+    and every fp32 case again with native storage, gives the recorded hashes."""
+    path = files[False][1]["q8_0"]
+    data = read_golden(GOLDEN)
+    assert data["model_sha256"] == file_sha256(path), "the generator no longer writes the recorded file"
+    model = tinydet.load(path, dtype="fp32")
+    case = data["cases"][0]
+    assert (case["dtype"], case["temperature"], case["max_tokens"]) == ("fp32", 0.0, 32)
+    ref = Q.hf_model(tied=False)
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            p.copy_(torch.from_numpy(Q.dequantized_state_dict("q8_0")[name]))
+        ids = model.tokenize(case["prompt"])
+        want = ref.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
+                            eos_token_id=None)[0, len(ids):].tolist()
+    g = model.generate(case["prompt"], max_tokens=32)
+    assert g.token_ids == want and g.output_hash == case["output_hash"]
+    models = {"fp32": model}
+    assert check_golden(lambda d: models.setdefault(d, tinydet.load(path, dtype=d)), data, file_sha256(path)) == []
+
+
+def test_sliding_window_config(files, tmp_path):
+    """config.json's use_sliding_window slides the layers from max_window_layers on, as transformers
+    reads it (Qwen2.5's own configs leave it off)."""
+    import shutil
+
+    d = tmp_path / "sliding"
+    shutil.copytree(files[False][0], d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(use_sliding_window=True, sliding_window=4, max_window_layers=1)
+    (d / "config.json").write_text(json.dumps(cfg))
+    model = tinydet.load(d)
+    assert model.config.layer_windows == (0, 4)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+    ids = model.tokenize(TEXTS[4])
+    assert len(ids) > 8
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0].numpy()
+    got = model.logits(ids)
+    assert np.abs(got - want).max() <= 1e-4
+    assert np.abs(got - tinydet.load(files[False][0]).logits(ids)).max() > 1e-3  # the window matters here
+    cfg["layer_types"] = ["full_attention"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(tinydet.ModelFormatError, match="layer_types"):
+        tinydet.load(d)
