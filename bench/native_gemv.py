@@ -24,7 +24,7 @@ import numpy as np
 
 import tinydet  # noqa: F401,I001  (first: sizes numba's thread pool)
 import numba  # noqa: E402
-from tinydet.backends.cpu import layout as qpack
+from tinydet.backends.cpu import layout
 from tinydet.backends.cpu.matmul import matmul
 from tinydet.backends.cpu.simd import to_f16_bits
 from tinydet.formats.dequant import dequantize
@@ -40,7 +40,7 @@ def random_raw(rng, tid, n, k):
     nb = k // 32
     b = rng.integers(0, 256, (n, nb, t.type_size), dtype=np.uint8)
     b[:, :, 0:2] = (rng.standard_normal((n, nb)) * 0.01).astype(np.float16).view(np.uint8).reshape(n, nb, 2)
-    if tid == qpack.Q4_1:
+    if tid == layout.Q4_1:
         b[:, :, 2:4] = (rng.standard_normal((n, nb)) * 0.05).astype(np.float16).view(np.uint8).reshape(n, nb, 2)
     return b.reshape(n, -1)
 
@@ -79,18 +79,18 @@ def main() -> None:
         x1 = rng.standard_normal((max(Ts), k)).astype(np.float32)
         for kd in kinds:
             if kd in ("fp32", "fp16"):
-                raw = random_raw(rng, qpack.Q8_0, n, k)
-                wp = qpack.pack_panels(dequantize(raw, qpack.Q8_0, (n, k)))
+                raw = random_raw(rng, layout.Q8_0, n, k)
+                wp = layout.pack_panels(dequantize(raw, layout.Q8_0, (n, k)))
                 if kd == "fp16":
                     wp = to_f16_bits(wp)
                 nbytes = wp.nbytes
                 copies = [wp] + [wp.copy() for _ in range(int(a.footprint * 1e6 // nbytes))]
                 calls = [lambda x, out, wp=c: matmul(x, wp, n, out) for c in copies]
             else:
-                tid = {v: kk for kk, v in qpack.NATIVE_TYPES.items()}[kd]
-                qp = qpack.pack_quantized(random_raw(rng, tid, n, k), tid, k)
+                tid = {v: kk for kk, v in layout.NATIVE_TYPES.items()}[kd]
+                qp = layout.pack_quantized(random_raw(rng, tid, n, k), tid, k)
                 nbytes = qp.nbytes
-                copies = [qp] + [qpack.QPanels(qp.ggml_type, qp.n, qp.k, qp.qs.copy(), qp.d.copy(),
+                copies = [qp] + [layout.QPanels(qp.ggml_type, qp.n, qp.k, qp.qs.copy(), qp.d.copy(),
                                                None if qp.m is None else qp.m.copy())
                                  for _ in range(int(a.footprint * 1e6 // nbytes))]
                 calls = [lambda x, out, qp=c: matmul(x, qp, n, out) for c in copies]

@@ -1,4 +1,4 @@
-"""Hashes that name results and files: SHA-256 over little-endian bytes (DETERMINISM rule 9)."""
+"""Hashes that name results and files: SHA-256 over little-endian bytes (docs/determinism.md, rule 9)."""
 
 from __future__ import annotations
 

@@ -70,6 +70,26 @@ class ArchSpec:
             else:
                 yield t.canonical, t, None
 
+    def gather(self, cfg: ModelConfig, fmt: str, find: Callable, progress: Callable | None = None) -> dict:
+        """Every tensor of a model with `cfg`, under its canonical name: `find(canonical, name in the
+        file, expected shape, TensorSpec)` (`fmt` "gguf" or "hf" picks the name) returns the file's
+        tensor, or None for an absent output matrix, which is then the embedding's (the same object);
+        it raises for anything else that is wrong. `progress(done, total, name)` is called before each
+        tensor and once at the end."""
+        names = [(canon, getattr(t, fmt).format(layer), t) for canon, t, layer in self.tensors_for(cfg)]
+        out = {}
+        for done, (canon, name, t) in enumerate(names):
+            if progress is not None:
+                progress(done, len(names), name)
+            tensor = find(canon, name, t.shape_for(cfg), t)
+            if tensor is not None:
+                out[canon] = tensor
+        if TIED[0] not in out:
+            out[TIED[0]] = out[TIED[1]]
+        if progress is not None:
+            progress(len(names), len(names), "")
+        return out
+
 
 def _T(canonical, gguf, hf, shape, **kw) -> TensorSpec:
     return TensorSpec(canonical, gguf, hf, shape, **kw)

@@ -116,31 +116,22 @@ def gguf_tensors(g: GGUFFile, spec: archs.ArchSpec, cfg: ModelConfig,
     """Every tensor of the model under its canonical name, as the file stores it (rows of Q/K moved
     back to HF's order where the spec says the converter permuted them). An absent `output.weight`
     is tied to the embedding: the same Tensor object."""
-    names = list(spec.tensors_for(cfg))
     heads = {"q": cfg.n_heads, "k": cfg.n_kv_heads}
-    out: dict[str, Tensor] = {}
-    for done, (canon, t, layer) in enumerate(names):
-        gname = t.gguf.format(layer)
-        if progress is not None:
-            progress(done, len(names), gname)
+
+    def find(canon, gname, want, t):
         if gname not in g.tensors:
             if canon == archs.TIED[0]:
-                continue  # tied below
+                return None  # tied
             raise ModelFormatError(g.path, gname, "required tensor is missing")
         info = g.tensors[gname]
-        want = t.shape_for(cfg)
         if info.shape != want:
             raise ModelFormatError(g.path, gname, f"expected shape {want} from the metadata, found {info.shape}")
         order = None
         if spec.gguf_rope_permuted and t.rope_rows is not None:
             order = rope_row_order(info.shape[0], heads[t.rope_rows])
-        out[canon] = Tensor(g.tensor_bytes(gname), info.ggml_type, info.shape, order,
-                            functools.partial(g.release, gname))
-    if archs.TIED[0] not in out:
-        out[archs.TIED[0]] = out[archs.TIED[1]]
-    if progress is not None:
-        progress(len(names), len(names), "")
-    return out
+        return Tensor(g.tensor_bytes(gname), info.ggml_type, info.shape, order, functools.partial(g.release, gname))
+
+    return spec.gather(cfg, "gguf", find, progress)
 
 
 def open_gguf(path: str | Path, progress: Callable[[int, int, str], None] | None = None) -> Checkpoint:

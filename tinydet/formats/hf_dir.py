@@ -219,35 +219,28 @@ def _tensors(files: list[SafetensorsFile], spec: archs.ArchSpec, cfg: ModelConfi
             if name in where:
                 raise ModelFormatError(f.path, name, f"tensor also stored in {where[name].path.name}")
             where[name] = f
-    names = [(canon, t.hf.format(layer), t) for canon, t, layer in spec.tensors_for(cfg)]
-    known = {hname for _, hname, _ in names}
+    known = {t.hf.format(layer) for _, t, layer in spec.tensors_for(cfg)}
     for name, f in where.items():
         if name not in known and not name.endswith(_IGNORED_SUFFIXES):
             raise ModelFormatError(f.path, name, f"unexpected tensor: not part of a {spec.hf_architectures[0]} "
                                                  "with this config.json (biases, extra layers and other "
                                                  "architectures are not supported)")
-    out: dict[str, Tensor] = {}
-    for done, (canon, hname, t) in enumerate(names):
-        if progress is not None:
-            progress(done, len(names), hname)
+
+    def find(canon, hname, want, t):
         f = where.get(hname)
         if f is None:
             if canon == archs.TIED[0]:
                 if tie:
-                    continue  # tied below
+                    return None  # tied
                 raise ModelFormatError(listing, hname, "required tensor is missing (and config.json's "
                                                        "tie_word_embeddings is false)")
             raise ModelFormatError(listing, hname, "required tensor is missing")
         st = f.tensors[hname]
-        want = t.shape_for(cfg)
         if st.shape != want:
             raise ModelFormatError(f.path, hname, f"expected shape {want} from config.json, found {st.shape}")
-        out[canon] = f.tensor(hname)
-    if archs.TIED[0] not in out:
-        out[archs.TIED[0]] = out[archs.TIED[1]]
-    if progress is not None:
-        progress(len(names), len(names), "")
-    return out
+        return f.tensor(hname)
+
+    return spec.gather(cfg, "hf", find, progress)
 
 
 # ---------------------------------------------------------------------------------------------------

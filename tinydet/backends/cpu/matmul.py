@@ -1,7 +1,7 @@
 """The one matrix product of the CPU backend, for every storage type (`loaders.py`): out = x W^T.
 
 Per output (t, n): plain float32 sums over k-blocks [0, 64), [64, 128), ... in k order, the block
-partials added in block order with Kahan compensation (DETERMINISM.md: ~8x lower error than plain
+partials added in block order with Kahan compensation (docs/determinism.md: ~8x lower error than plain
 fp32 at ~0.83x its speed). Neither the token count, the tile, the thread count nor the storage type
 enters any output's arithmetic, so prefill and decode give the same bits, and native storage gives
 fp32's bits (each weight is dequantized to exactly the float32 value fp32 stores).

@@ -21,8 +21,8 @@ import numpy as np
 from numba import njit, prange
 
 from .mathfn import exp32, exp64, log64, sincos64, tanh32
-from .simd import (LANES, f32, narrow, v_add, v_div, v_gather, v_get, v_load, v_max_range, v_mul, v_neg, v_splat,
-                   v_sqrt, v_store, v_sub, v_zero, widen)
+from .simd import (LANES, f32, kahan, kahan1, narrow, v_add, v_div, v_gather, v_get, v_load, v_max_range, v_mul,
+                   v_neg, v_splat, v_sqrt, v_store, v_zero, widen)
 from .vmath import v_exp32, v_exp32_sub, v_tanh32
 
 ATILE = 64  # cache positions per tile of the transposed key cache
@@ -43,10 +43,7 @@ def _rms_inv(x, t, i0, n, eps):
     s = f32(0.0)
     c = f32(0.0)
     for i in range(i0, i0 + n):
-        y = x[t, i] * x[t, i] - c
-        z = s + y
-        c = (z - s) - y
-        s = z
+        s, c = kahan1(x[t, i] * x[t, i], s, c)
     return f32(1.0) / np.sqrt(s / f32(n) + eps)
 
 
@@ -58,10 +55,7 @@ def _rms_tile(x, t0, nt, w, eps, out):
     c = v_zero()
     for i in range(D):
         xv = v_gather(x, t0 * D + i, D, nt)
-        y = v_sub(v_mul(xv, xv), c)
-        z = v_add(s, y)
-        c = v_sub(v_sub(z, s), y)
-        s = z
+        s, c = kahan(v_mul(xv, xv), s, c)
     inv = v_div(v_splat(f32(1.0)), v_sqrt(v_add(v_div(s, v_splat(f32(D))), v_splat(eps))))
     for r in range(nt):
         iv = v_get(inv, r)
@@ -212,10 +206,7 @@ def _attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale
         c = v_zero()
         kb = kbase + j * head_dim * ATILE
         for d in range(head_dim):
-            y = v_sub(v_mul(v_splat(q[t, qo + d]), v_load(k_cache, kb + d * ATILE)), c)
-            z = v_add(s, y)
-            c = v_sub(v_sub(z, s), y)
-            s = z
+            s, c = kahan(v_mul(v_splat(q[t, qo + d]), v_load(k_cache, kb + d * ATILE)), s, c)
         s = v_mul(s, vscale)
         v_store(scores, j * ATILE, s)
         mv = v_max_range(mv, s, lo - j * ATILE, n - j * ATILE)
@@ -237,40 +228,24 @@ def _attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale
         cmp = v_zero()
         for i in range(lo, n):
             e = scores[i]
-            y = e - dc
-            z = den + y
-            dc = (z - den) - y
-            den = z
-            yv = v_sub(v_mul(v_splat(e), v_load(v_cache, vbase + i * vrow + vo)), cmp)
-            zv = v_add(acc, yv)
-            cmp = v_sub(v_sub(zv, acc), yv)
-            acc = zv
+            den, dc = kahan1(e, den, dc)
+            acc, cmp = kahan(v_mul(v_splat(e), v_load(v_cache, vbase + i * vrow + vo)), acc, cmp)
         v_store(out, t * out.shape[1] + qo, v_div(acc, v_splat(den)))
         for d0 in range(LANES, head_dim, LANES):
             acc = v_zero()
             cmp = v_zero()
             for i in range(lo, n):
-                y = v_sub(v_mul(v_splat(scores[i]), v_load(v_cache, vbase + i * vrow + vo + d0)), cmp)
-                z = v_add(acc, y)
-                cmp = v_sub(v_sub(z, acc), y)
-                acc = z
+                acc, cmp = kahan(v_mul(v_splat(scores[i]), v_load(v_cache, vbase + i * vrow + vo + d0)), acc, cmp)
             v_store(out, t * out.shape[1] + qo + d0, v_div(acc, v_splat(den)))
     else:
         for i in range(lo, n):
-            e = scores[i]
-            y = e - dc
-            z = den + y
-            dc = (z - den) - y
-            den = z
+            den, dc = kahan1(scores[i], den, dc)
         acc1 = np.zeros(head_dim, np.float32)
         cmp1 = np.zeros(head_dim, np.float32)
         for i in range(lo, n):
             p = scores[i]
             for d in range(head_dim):
-                y = p * widen(v_cache[sl, i, vo + d]) - cmp1[d]
-                z = acc1[d] + y
-                cmp1[d] = (z - acc1[d]) - y
-                acc1[d] = z
+                acc1[d], cmp1[d] = kahan1(p * widen(v_cache[sl, i, vo + d]), acc1[d], cmp1[d])
         for d in range(head_dim):
             out[t, qo + d] = acc1[d] / den
 

@@ -391,7 +391,16 @@ def v_max_range(typingctx, m, s, lo, hi):
 
 @njit(cache=True, inline="always")
 def kahan(part, s, c):
-    """One block partial into the compensated sum (either vector width): returns (s, c)."""
+    """One term (a block partial, or a product for per-element Kahan) into the compensated sum s, c
+    (vectors of either width): y = part - c; z = s + y; c = (z - s) - y; s = z. Returns (s, c)."""
     y = v_sub(part, c)
     z = v_add(s, y)
     return z, v_sub(v_sub(z, s), y)
+
+
+@njit(cache=True, inline="always")
+def kahan1(part, s, c):
+    """`kahan` for float32 scalars: the same operations."""
+    y = part - c
+    z = s + y
+    return z, (z - s) - y
