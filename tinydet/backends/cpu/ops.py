@@ -107,7 +107,10 @@ def _rope_row(qkv, t, q_dim, kv_dim, head_dim, cos, sin, pos, slot, k_cache, v_c
     pl = p % ATILE
     for h in range(n_q + n_kv):
         base = h * head_dim
-        _head_norm(qkv, t, base, head_dim, qn if h < n_q else kn, eps)
+        if h < n_q:
+            _head_norm(qkv, t, base, head_dim, qn, eps)
+        else:
+            _head_norm(qkv, t, base, head_dim, kn, eps)
         for i in range(half):
             x0 = qkv[t, base + i]
             x1 = qkv[t, base + i + half]
