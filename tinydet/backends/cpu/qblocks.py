@@ -27,8 +27,8 @@ from numba import njit, types
 from numba.extending import intrinsic, overload
 
 from .layout import QBLOCK
-from .simd import (HALF, KBLOCK, LANES, _F32V32, _c_array, _ptr, _splat, at, kahan, target_has, v32_load, v32_splat,
-                   v32_zero, v_add, v_mul, v_store, widen)
+from .simd import (HALF, KBLOCK, LANES, _F32V32, _c_array, _ptr, _splat, at, broadcast, kahan, target_has, v32_load,
+                   v32_splat, v32_zero, v_add, v_mul, v_store, widen)
 
 # ---------------------------------------------------------------------------------------------------
 # Quantized weights as 32-lane float vectors.
@@ -78,9 +78,7 @@ def _nibble(minus8: bool):
             vi = _vec(_I32)
             ptr = _ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], vi)
             sh = context.cast(builder, args[2], sig.args[2], types.uint32)
-            shv = builder.insert_element(ir.Constant(vi, ir.Undefined), sh, ir.Constant(_I32, 0))
-            shv = builder.shuffle_vector(shv, ir.Constant(vi, ir.Undefined), ir.Constant(vi, [0] * HALF))
-            word = builder.lshr(builder.load(ptr, align=4), shv)
+            word = builder.lshr(builder.load(ptr, align=4), broadcast(builder, vi, sh))
             if target_has(context, "avx512f"):
                 # one permute instead of mask + convert (the kernel is compute-bound: ~9% faster)
                 return _permvar_table(builder, word, [q - 8 if minus8 else q for q in range(16)])

@@ -161,6 +161,14 @@ def _splat(ty, value):
     return ir.Constant(ty, [ir.Constant(ty.element, value)] * ty.count)
 
 
+def broadcast(builder, ty, x):
+    """The vector of type `ty` with every lane the scalar value x (LLVM's splat idiom: insert into
+    lane 0, then shuffle lane 0 everywhere)."""
+    v = builder.insert_element(ir.Constant(ty, ir.Undefined), x, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(ty, ir.Undefined), ir.Constant(ir.VectorType(_I32, ty.count),
+                                                                                [0] * ty.count))
+
+
 def _ptr(context, builder, aty, aval, idx, idx_ty, elem_ty):
     """Pointer (as elem_ty*) to element `idx` (flat) of C-contiguous array aval."""
     ary = context.make_array(aty)(context, builder, aval)
@@ -218,9 +226,7 @@ def _vec_ops(vt):
             return None
 
         def codegen(context, builder, sig, args):
-            v = builder.insert_element(ir.Constant(vf, ir.Undefined), args[0], ir.Constant(_I32, 0))
-            return builder.shuffle_vector(v, ir.Constant(vf, ir.Undefined),
-                                          ir.Constant(ir.VectorType(_I32, vt.lanes), [0] * vt.lanes))
+            return broadcast(builder, vf, args[0])
 
         return vt(types.float32), codegen
 
@@ -307,11 +313,6 @@ def at(typingctx, arr, idx):
     return types.float32(arr, idx), codegen
 
 
-def _splat_i64(builder, v):
-    return builder.shuffle_vector(builder.insert_element(ir.Constant(_VI64, ir.Undefined), v, ir.Constant(_I32, 0)),
-                                  ir.Constant(_VI64, ir.Undefined), ir.Constant(_VI32, [0] * LANES))
-
-
 @intrinsic
 def v_gather(typingctx, arr, base, stride, n):
     """Lane j: arr[base + min(j, n - 1) * stride] (flat, C-contiguous float32): a column of up to 64
@@ -323,10 +324,10 @@ def v_gather(typingctx, arr, base, stride, n):
         ary = context.make_array(sig.args[0])(context, builder, args[0])
         b, st, nn = (context.cast(builder, a, t, types.int64) for a, t in zip(args[1:], sig.args[1:]))
         lane = ir.Constant(_VI64, list(range(LANES)))
-        last = _splat_i64(builder, builder.sub(nn, ir.Constant(_I64, 1)))
+        last = broadcast(builder, _VI64, builder.sub(nn, ir.Constant(_I64, 1)))
         j = builder.select(builder.icmp_signed("<", lane, last), lane, last)
-        off = builder.add(builder.mul(j, _splat_i64(builder, st)), _splat_i64(builder, b))
-        addr = builder.add(_splat_i64(builder, builder.ptrtoint(ary.data, _I64)), builder.shl(off, _splat(_VI64, 2)))
+        off = builder.add(builder.mul(j, broadcast(builder, _VI64, st)), broadcast(builder, _VI64, b))
+        addr = builder.add(broadcast(builder, _VI64, builder.ptrtoint(ary.data, _I64)), builder.shl(off, _splat(_VI64, 2)))
         pty = ir.VectorType(_F.as_pointer(), LANES)
         mask_ty = ir.VectorType(ir.IntType(1), LANES)
         fnty = ir.FunctionType(_VF, [pty, _I32, mask_ty, _VF])
@@ -372,10 +373,7 @@ def v_max_range(typingctx, m, s, lo, hi):
         lane = ir.Constant(_VI32, list(range(LANES)))
 
         def splat_i32(v, ty):
-            v = builder.trunc(context.cast(builder, v, ty, types.int64), _I32)
-            return builder.shuffle_vector(builder.insert_element(ir.Constant(_VI32, ir.Undefined), v,
-                                                                 ir.Constant(_I32, 0)),
-                                          ir.Constant(_VI32, ir.Undefined), ir.Constant(_VI32, [0] * LANES))
+            return broadcast(builder, _VI32, builder.trunc(context.cast(builder, v, ty, types.int64), _I32))
 
         valid = builder.and_(builder.icmp_signed(">=", lane, splat_i32(args[2], sig.args[2])),
                              builder.icmp_signed("<", lane, splat_i32(args[3], sig.args[3])))

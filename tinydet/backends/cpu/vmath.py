@@ -10,7 +10,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import mathfn
-from .simd import _F32V, _I32, _VD, _VF, _VI32, _VI64, LANES, _splat
+from .simd import _F32V, _VD, _VF, _VI64, LANES, _splat, broadcast
 
 
 def _dconst(x):
@@ -68,9 +68,7 @@ def v_exp32_sub(typingctx, v, m):
         return None
 
     def codegen(context, builder, sig, args):
-        mv = builder.shuffle_vector(builder.insert_element(ir.Constant(_VD, ir.Undefined), args[1],
-                                                           ir.Constant(_I32, 0)),
-                                    ir.Constant(_VD, ir.Undefined), ir.Constant(_VI32, [0] * LANES))
+        mv = broadcast(builder, _VD, args[1])
         return _exp64_lanes(builder, builder.fsub(builder.fpext(args[0], _VD), mv))
 
     return _F32V(v, m), codegen
