@@ -113,6 +113,11 @@ class QPanels:
             raise ValueError("QPanels: the packed arrays do not have the quantized panel layout")
 
 
+def as_storage(w):
+    """What the kernels take for a matrix: float panels as they are, `QPanels` as the tuple (qs, d, m)."""
+    return (w.qs, w.d, w.m) if isinstance(w, QPanels) else w
+
+
 _CHUNK_ROWS = 4096  # rows regrouped at a time (bounds the temporaries)
 _NIBBLE_SHIFTS = np.arange(0, 32, 4, dtype=np.uint32)
 

@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from .layout import QBLOCK
+from .layout import QBLOCK, QPanels, as_storage
 from .qblocks import q_dequantize_pair, q_element, q_unit
 from .simd import HALF, LANES, widen
 from .tiles import dot1, dot1_half, put, tiles4, tiles6
@@ -165,18 +165,16 @@ def embed(w, ids, out) -> None:
     """out[t] = row ids[t] of the matrix W (float panels, a (vocab, dim) table or `QPanels`), widened or
     dequantized exactly as `formats.dequant` gives it (so a quantized token table can stay quantized,
     and serve as the tied output matrix too)."""
-    from .layout import QPanels
-
     ids = np.ascontiguousarray(ids, np.int64).reshape(-1)
     if not (isinstance(out, np.ndarray) and out.dtype == np.float32 and out.ndim == 2 and out.flags.c_contiguous):
         raise TypeError("embed: out must be a C-contiguous float32 2-D array")
     if isinstance(w, QPanels):
         w.check()
-        n, k, table = w.n, w.k, (w.qs, w.d, w.m)
+        n, k = w.n, w.k
     else:
-        (n, k), table = ((w.shape[0] * LANES, w.shape[1]) if w.ndim == 3 else w.shape), w
+        n, k = (w.shape[0] * LANES, w.shape[1]) if w.ndim == 3 else w.shape
     if out.shape != (ids.shape[0], k):
         raise ValueError(f"embed: out {out.shape} does not fit {ids.shape[0]} rows of {k}")
     if ids.size and (ids.min() < 0 or ids.max() >= n):
         raise ValueError(f"embed: row ids must lie in [0, {n})")
-    _embed(table, ids, out)
+    _embed(as_storage(w), ids, out)

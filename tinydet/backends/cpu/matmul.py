@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .layout import QPanels
+from .layout import QPanels, as_storage
 from .loaders import gemv_units, groups, prefill_group, tiling, units
 from .ops import glu_span
 from .simd import HALF, LANES
@@ -87,11 +87,6 @@ def mm(x, w, n_out, out, nth, mode, res, act, kind):
             for part in range(parts):
                 prefill_group(x, w, g + part * G, ta, tb, n_out, out)
             _epilogue(out, ta, tb, g * LANES, g * LANES + LANES, n_out, mode, res, act, kind)
-
-
-def as_storage(w):
-    """What `mm` takes for a matrix: float panels as they are, `QPanels` as the tuple (qs, d, m)."""
-    return (w.qs, w.d, w.m) if isinstance(w, QPanels) else w
 
 
 def _f32_2d(a, what):
