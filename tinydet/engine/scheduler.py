@@ -155,6 +155,9 @@ class Engine:
                     continue
             self.step()
 
+    def _state(self, r: Request) -> SequenceState:
+        return SequenceState(self.tokenizer, r.prompt_ids, r.params, r.max_tokens, r.stop)
+
     def _finish(self, seq: _Running, events: list[Event], ev: Event) -> None:
         now = time.perf_counter()
         t_first = seq.t_first or now
@@ -162,12 +165,12 @@ class Engine:
                                                          seq.t_admit - seq.t_submit)
         del self._running[seq.slot]
         self._free.append(seq.slot)
-        self._emit(seq, events, ev)
+        self._emit(seq.handle, events, ev)
         seq.handle._done.set()
 
-    def _emit(self, seq: _Running, events: list[Event], ev: Event) -> None:
+    def _emit(self, handle: Handle, events: list[Event], ev: Event) -> None:
         events.append(ev)
-        seq.handle._events.put(ev)
+        handle._events.put(ev)
 
     def _step(self) -> list[Event]:
         events: list[Event] = []
@@ -175,13 +178,11 @@ class Engine:
             cancelled, self._cancelled = self._cancelled, set()
             kept = deque()
             for h, t in self._waiting:
-                if h.id in cancelled:
-                    h.result = SequenceState(self.tokenizer, h.request.prompt_ids, h.request.params,
-                                             h.request.max_tokens, h.request.stop).result()
-                    h.result.finish_reason = "cancelled"
-                    ev = Event(h.id, "", None, None, "cancelled", h.result)
-                    events.append(ev)
-                    h._events.put(ev)
+                if h.id in cancelled:  # never admitted: no tokens, no text
+                    state = self._state(h.request)
+                    state.cancel()
+                    h.result = state.result()
+                    self._emit(h, events, Event(h.id, "", None, None, "cancelled", h.result))
                     h._done.set()
                 else:
                     kept.append((h, t))
@@ -196,8 +197,7 @@ class Engine:
                     self.cache.grow(max(need, min(2 * self.cache.capacity, self.backend.config.context_length)))
                 slot = self._free.pop()
                 self.cache.reset(slot)
-                self._running[slot] = _Running(h, SequenceState(self.tokenizer, r.prompt_ids, r.params, r.max_tokens,
-                                                                r.stop), slot, t_submit)
+                self._running[slot] = _Running(h, self._state(r), slot, t_submit)
         if not self._running:
             return events
         # Decoding sequences take one token each; prompts share what is left of the budget, in the
@@ -233,7 +233,7 @@ class Engine:
                 if reason is not None:
                     self._finish(s, events, ev)
                 else:
-                    self._emit(s, events, ev)
+                    self._emit(s.handle, events, ev)
         return events
 
     def _fail(self, e: BaseException) -> None:
