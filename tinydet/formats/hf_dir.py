@@ -11,6 +11,7 @@ Pickle checkpoints (pytorch_model.bin, *.pt, *.pth) are refused: unpickling runs
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Callable
@@ -108,9 +109,7 @@ def _rope(f: _Fields, spec: archs.ArchSpec) -> RoPE:
             rope = RoPE(scaling="llama3", factor=sub.float("factor"), low_freq_factor=sub.float("low_freq_factor"),
                         high_freq_factor=sub.float("high_freq_factor"),
                         original_context=sub.int("original_max_position_embeddings"))
-    return RoPE(base=10000.0 if theta is None else theta, scaling=rope.scaling, factor=rope.factor,
-                low_freq_factor=rope.low_freq_factor, high_freq_factor=rope.high_freq_factor,
-                original_context=rope.original_context)
+    return dataclasses.replace(rope, base=10000.0 if theta is None else theta)
 
 
 def read_hf_config(path: str | Path) -> tuple[archs.ArchSpec, ModelConfig, bool, dict]:

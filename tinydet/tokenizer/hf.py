@@ -108,8 +108,8 @@ def read_hf_tokenizer(path: str | Path, raw_config: dict | None = None) -> Token
             pre, post = full[:k], full[k + len(plain):]
             break
     flags = {}
-    for key, inferred, tid in (("add_bos_token", pre == [bos_id], bos_id),
-                               ("add_eos_token", post == [eos_ids[0]] if eos_ids else False, None)):
+    for key, inferred in (("add_bos_token", pre == [bos_id]),
+                          ("add_eos_token", post == [eos_ids[0]] if eos_ids else False)):
         v = tc.get(key)
         if v is None:
             flags[key] = inferred

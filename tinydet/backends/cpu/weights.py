@@ -110,7 +110,7 @@ def _first(st):
     return st[0]
 
 
-def _vectors(cfg: ModelConfig, tensors: dict, names: tuple[str, ...], width: int) -> np.ndarray:
+def _vectors(cfg: ModelConfig, tensors: dict, names: tuple[str, ...]) -> np.ndarray:
     """Per-layer float32 vectors concatenated: (L, width); (L, 0) when the model has none."""
     if f"layers.0.{names[0]}" not in tensors:
         return np.zeros((cfg.n_layers, 0), np.float32)
@@ -128,13 +128,13 @@ class CPUWeights:
     def __init__(self, cfg: ModelConfig, tensors: dict[str, Tensor], dtype: str):
         L = cfg.n_layers
         self.norm = tensors["norm"].float32()
-        self.attn_norm = _vectors(cfg, tensors, ("attention_norm",), cfg.dim)
-        self.ffn_norm = _vectors(cfg, tensors, ("ffn_norm",), cfg.dim)
-        self.q_norm = _vectors(cfg, tensors, ("q_norm",), cfg.head_dim)
-        self.k_norm = _vectors(cfg, tensors, ("k_norm",), cfg.head_dim)
-        self.post_attn_norm = _vectors(cfg, tensors, ("post_attention_norm",), cfg.dim)
-        self.post_ffn_norm = _vectors(cfg, tensors, ("post_ffn_norm",), cfg.dim)
-        self.bqkv = _vectors(cfg, tensors, ("bq", "bk", "bv"), cfg.q_dim + 2 * cfg.kv_dim)
+        self.attn_norm = _vectors(cfg, tensors, ("attention_norm",))
+        self.ffn_norm = _vectors(cfg, tensors, ("ffn_norm",))
+        self.q_norm = _vectors(cfg, tensors, ("q_norm",))
+        self.k_norm = _vectors(cfg, tensors, ("k_norm",))
+        self.post_attn_norm = _vectors(cfg, tensors, ("post_attention_norm",))
+        self.post_ffn_norm = _vectors(cfg, tensors, ("post_ffn_norm",))
+        self.bqkv = _vectors(cfg, tensors, ("bq", "bk", "bv"))
         per_kind = {name: [[tensors[f"layers.{i}.{n}"] for n in parts] for i in range(L)] for name, parts in MATRICES}
         emb, out = tensors["tok_embeddings"], tensors["output"]
         if dtype == "native":
