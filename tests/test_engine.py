@@ -158,3 +158,94 @@ def test_failed_pass_ends_every_request_with_the_error(stories_models):
         h.wait(1)
     assert engine.idle
     assert np.isfinite(model.logits([1, 403])).all()  # the model itself is fine
+
+
+LONG = ("Once upon a time there was a little girl named Lily. She loved to play outside in the park with her "
+        "friends. One day she saw a big red ball under a tree and she ran to get it. ")
+
+
+@pytest.mark.parametrize("step_tokens", [None, 5])
+def test_prefix_cache_reuses_blocks_with_the_same_bits(stories_models, step_tokens):
+    """A prompt that starts like an earlier one (or like an earlier prompt plus its answer) takes the
+    earlier keys and values from the prefix cache: fewer prompt tokens computed, the same bits."""
+    model = stories_models["fp32"]
+    engine = model.engine(max_batch=2, step_tokens=step_tokens, prefix_cache_bytes=64 << 20)
+    block = engine.cache.block
+    first = model.request(LONG * 3, max_tokens=20)
+    assert len(first.prompt_ids) > 2 * block
+    g1 = engine.submit(first)
+    engine.run()
+    g1 = g1.result
+    assert g1.cached_tokens == 0 and engine.stats["prompt_tokens_computed"] == len(first.prompt_ids)
+    # The same prompt, one that continues it, and one that continues its prompt + answer (a chat's next turn).
+    follow = [first, model.request(LONG * 3 + "Tom", max_tokens=15, temperature=0.8, seed=3),
+              model.request(g1.prompt_token_ids + g1.token_ids + model.tokenize("Then", add_special=False),
+                            max_tokens=10)]
+    for r in follow:
+        before = engine.stats["prompt_tokens_computed"]
+        h = engine.submit(r)
+        engine.run()
+        alone = model.generate(r.prompt_ids, max_tokens=r.max_tokens, temperature=r.params.temperature,
+                               seed=r.params.seed)
+        assert same(h.result, alone)
+        assert h.result.cached_tokens >= 2 * block and h.result.cached_tokens % block == 0
+        assert engine.stats["prompt_tokens_computed"] - before == len(r.prompt_ids) - h.result.cached_tokens
+    assert engine.prefix.hits == 3 and engine.prefix.queries == 4
+
+
+def test_prefix_cache_stays_within_its_bytes(stories_models):
+    model = stories_models["fp32"]
+    block_bytes = sum(a.nbytes for a in model.backend.new_cache(64).read_block(0, 0))
+    engine = model.engine(max_batch=1, prefix_cache_bytes=3 * block_bytes)
+    for i in range(4):  # four prompts of two blocks and more each: 8 blocks offered, 3 kept
+        assert 2 * 64 < len(model.tokenize(f"{i} " + LONG * 3)) < 3 * 64
+        engine.submit(model.request(f"{i} " + LONG * 3, max_tokens=2))
+        engine.run()
+        assert engine.prefix.nbytes <= 3 * block_bytes
+    assert len(engine.prefix) == 3 and engine.prefix.evictions >= 5
+    # The most recent prompt's blocks are the ones kept.
+    h = engine.submit(model.request("3 " + LONG * 3, max_tokens=2))
+    engine.run()
+    assert h.result.cached_tokens == 2 * 64
+
+
+def test_prompt_logits_rows_equal_a_full_pass(stories_models):
+    """With prompt_logits, events carry the rows predicting each prompt token, chunk by chunk: the
+    rows of one full causal pass, bit for bit; the answer is the same as without them."""
+    model = stories_models["fp32"]
+    r = model.request(LONG, max_tokens=8, prompt_logits=True)
+    full = model.logits(r.prompt_ids)
+    for step_tokens in (None, 7):
+        engine = model.engine(max_batch=2, step_tokens=step_tokens)
+        other = engine.submit(model.request("The sun", max_tokens=12))
+        h = engine.submit(r)
+        engine.run()
+        rows = [ev.prompt_rows for ev in h.events(timeout=1) if ev.prompt_rows is not None]
+        assert (len(rows) > 1) == (step_tokens is not None)
+        assert np.array_equal(np.concatenate(rows), full[:-1])
+        assert same(h.result, model.generate(r.prompt_ids, max_tokens=8))
+        assert other.result.finish_reason == "length"
+
+
+def test_one_requests_failure_leaves_the_others_running(stories_models, solo):
+    """NaN logits in one sequence's rows fail that request only; the batch-mates finish unchanged."""
+    model = stories_models["fp32"]
+    engine = model.engine(max_batch=3)
+    handles = [engine.submit(model.request(**r)) for r in REQUESTS[:2]]
+    bad = engine.submit(model.request("Tom", max_tokens=20))
+    bad_slot = 2  # slots are handed out in order of admission
+
+    def poison(layer, op, pos, slots, rows):
+        if op == "logits":
+            rows[slots == bad_slot] = np.nan
+
+    model.backend.hooks.append(poison)
+    try:
+        engine.run()
+    finally:
+        model.backend.hooks.remove(poison)
+    with pytest.raises(TinydetError, match="NaN"):
+        bad.wait(1)
+    for h, want in zip(handles, solo[:2]):
+        assert same(h.result, want)
+    assert engine.idle and len(engine._free) == 3

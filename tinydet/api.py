@@ -84,14 +84,28 @@ class Model:
 
     def request(self, prompt: str | Sequence[int] = "", max_tokens: int = 256, temperature: float = 0.0,
                 top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int = 0,
-                stop: Sequence[str] | None = None, logits: bool = False) -> Request:
-        """An engine `Request` with generate()'s settings (`logits`: events carry their logits rows)."""
+                stop: Sequence[str] | None = None, logits: bool = False, prompt_logits: bool = False) -> Request:
+        """An engine `Request` with generate()'s settings (`logits`: events carry their logits rows;
+        `prompt_logits`: also the rows predicting the prompt's tokens)."""
         return Request(self.prompt_ids(prompt), self._params(temperature, top_k, top_p, min_p, seed), max_tokens,
-                       tuple(stop or ()), logits)
+                       tuple(stop or ()), logits, prompt_logits)
 
-    def engine(self, max_batch: int = 8, step_tokens: int | None = None) -> Engine:
-        """A step-wise engine over this model (submit / step / cancel; see `engine.scheduler`)."""
-        return Engine(self.backend, self.tokenizer, max_batch, step_tokens)
+    def engine(self, max_batch: int = 8, step_tokens: int | None = None, prefix_cache_bytes: int = 0) -> Engine:
+        """A step-wise engine over this model (submit / step / cancel; see `engine.scheduler`), with a
+        prefix cache of up to `prefix_cache_bytes` (0: none)."""
+        return Engine(self.backend, self.tokenizer, max_batch, step_tokens, prefix_cache_bytes=prefix_cache_bytes)
+
+    @property
+    def fingerprint(self) -> str:
+        """What fixes this model's bits, as `tinydet-VERSION-BITS-MODEL-SOURCES`: tinydet's version,
+        the arithmetic ("fp16", or "fp32" for fp32 and native, which give the same bits), the model's
+        SHA-256 and the hash of the sources that compute results (`hashing.source_hash`), each cut to 12
+        hex digits. Threads, batch size and the CPU are not in it: they do not change a bit."""
+        from . import __version__
+        from .hashing import source_hash
+
+        bits = "fp16" if self.dtype == "fp16" else "fp32"
+        return f"tinydet-{__version__}-{bits}-{self.sha256[:12]}-{source_hash()[:12]}"
 
     def generate(self, prompt: str | Sequence[int] = "", max_tokens: int = 256, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int = 0,

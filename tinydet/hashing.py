@@ -22,6 +22,25 @@ def hash_logits(rows: Sequence[np.ndarray]) -> str:
     return h.hexdigest()
 
 
+# The sources that decide a result's bits: the kernels, model formats and architectures, tokenizers,
+# chat templates, the engine, sampling and log-probabilities. Not the CLI, server, registry or tools.
+BIT_SOURCES = ("backends", "arch", "formats", "tokenizer", "engine", "config.py", "chat.py", "sampling.py",
+               "logprobs.py", "hashing.py")
+
+
+def source_hash() -> str:
+    """SHA-256 over the files of BIT_SOURCES (relative name and bytes, sorted): it changes with any
+    edit that could change a result, and with nothing else."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for name in BIT_SOURCES:
+        p = root / name
+        for f in sorted(p.rglob("*.py")) if p.is_dir() else [p]:
+            h.update(f.relative_to(root).as_posix().encode() + b"\0")
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
 def file_sha256(path: str | Path) -> str:
     """SHA-256 of a file; of a directory, SHA-256 over "name<TAB>sha256" lines of its files, sorted."""
     path = Path(path)

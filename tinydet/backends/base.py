@@ -49,6 +49,19 @@ class KVCache(ABC):
     def grow(self, capacity: int) -> None:
         """Hold at least `capacity` positions per slot, keeping every entry."""
 
+    # Blocks: `block` consecutive positions of one slot, copied out and back in whole (the prefix
+    # cache). A position's keys and values depend only on the tokens up to it, so a block copied into
+    # another slot at the same positions is the same as computing it there.
+    block: int
+
+    @abstractmethod
+    def read_block(self, slot: int, b: int) -> tuple[np.ndarray, ...]:
+        """A copy of positions b*block .. (b+1)*block - 1 of `slot`."""
+
+    @abstractmethod
+    def write_block(self, slot: int, b: int, data: tuple[np.ndarray, ...]) -> None:
+        """Put what `read_block` returned at block `b` of `slot` (the slot's length is the caller's)."""
+
     @property
     @abstractmethod
     def nbytes(self) -> int: ...

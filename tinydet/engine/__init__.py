@@ -1,6 +1,7 @@
 """The step-wise engine and what it works with: `sequence.py` (Request, SequenceState, Event,
 Generation), `scheduler.py` (Engine: submit / step / cancel, chunked prefill under a token budget),
-`generate.py` (solo, streamed and batched generation as loops over it)."""
+`generate.py` (solo, streamed and batched generation as loops over it), `prefix.py` (keys and values
+of prompt prefixes kept for later requests)."""
 
 from .generate import generate, generate_batch, stream
 from .scheduler import Engine, Handle

@@ -19,23 +19,36 @@ import queue
 import threading
 import time
 from collections import deque
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ..backends import Backend
 from ..errors import TinydetError
 from ..sampling import sample
+from .prefix import PrefixCache
 from .sequence import Event, Generation, Request, SequenceState, check_request
 
 
 class Handle:
     """A submitted request: its events as they are produced, then its result."""
 
-    def __init__(self, engine: "Engine", request: Request, request_id: int):
+    def __init__(self, engine: "Engine", request: Request, request_id: int,
+                 listener: Callable[["Handle", Event | None], None] | None = None):
         self.engine, self.request, self.id = engine, request, request_id
         self._events: queue.Queue[Event] = queue.Queue()
         self._done = threading.Event()
         self.result: Generation | None = None  # set when it finishes
         self.error: BaseException | None = None  # set when the engine failed while it ran
+        self.listener = listener
+
+    def _put(self, ev: Event | None) -> None:
+        """Deliver an event (None: the request failed, `error` says why) to the queue and listener."""
+        self._events.put(ev)
+        if self.listener is not None:
+            try:
+                self.listener(self, ev)
+            except Exception:  # a listener that cannot take events (its client left) ends its request
+                self.listener = None
+                self.engine.cancel(self)
 
     @property
     def finished(self) -> bool:
@@ -68,10 +81,11 @@ class Handle:
 
 
 class _Running:
-    __slots__ = ("handle", "state", "slot", "fed", "t_submit", "t_admit", "t_first")
+    __slots__ = ("handle", "state", "slot", "fed", "cached", "t_submit", "t_admit", "t_first")
 
-    def __init__(self, handle: Handle, state: SequenceState, slot: int, t_submit: float):
-        self.handle, self.state, self.slot, self.fed = handle, state, slot, 0  # fed: prompt tokens in the cache
+    def __init__(self, handle: Handle, state: SequenceState, slot: int, t_submit: float, cached: int):
+        self.handle, self.state, self.slot = handle, state, slot
+        self.fed = self.cached = cached  # fed: prompt tokens in the cache; cached: from the prefix cache
         self.t_submit, self.t_admit, self.t_first = t_submit, time.perf_counter(), None
 
 
@@ -79,10 +93,12 @@ class Engine:
     """Continuous batching over one backend: up to `max_batch` sequences in flight, KV-cache slots
     reused as sequences finish, prompts prefilled under a budget of `step_tokens` tokens per step
     (None: a joining prompt goes in whole). The cache grows as requests need (up to the model's
-    context length); `capacity` presizes it."""
+    context length); `capacity` presizes it. `prefix_cache_bytes` > 0 keeps the keys and values of
+    prompts (and of what was generated after them) for later requests that start the same way
+    (`prefix.PrefixCache`); the counters in `stats` say how much prefill it saved."""
 
     def __init__(self, backend: Backend, tokenizer, max_batch: int = 8, step_tokens: int | None = None,
-                 capacity: int = 0):
+                 capacity: int = 0, prefix_cache_bytes: int = 0):
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise TinydetError(f"max_batch: expected at least 1, found {max_batch!r}")
         if step_tokens is not None and (isinstance(step_tokens, bool) or not isinstance(step_tokens, int)
@@ -98,14 +114,19 @@ class Engine:
         self._free = list(range(max_batch))[::-1]
         self._ids = itertools.count(1)
         self._step_lock = threading.Lock()
+        self.prefix = PrefixCache(prefix_cache_bytes)
+        self.stats = dict(steps=0, prompt_tokens_computed=0, generated_tokens=0)
 
     # -- any thread -------------------------------------------------------------------------------
 
-    def submit(self, request: Request) -> Handle:
-        """Queue a request (checked now: a bad one raises TinydetError and is not queued)."""
+    def submit(self, request: Request, listener: Callable[[Handle, Event | None], None] | None = None) -> Handle:
+        """Queue a request (checked now: a bad one raises TinydetError and is not queued).
+        `listener(handle, event)` is called on the engine thread with each event as it is produced
+        (None when the request failed: `handle.error` says why); it must be quick. If it raises, the
+        request is cancelled."""
         check_request(request, self.backend.config.context_length)
         with self._lock:
-            h = Handle(self, request, next(self._ids))
+            h = Handle(self, request, next(self._ids), listener)
             self._waiting.append((h, time.perf_counter()))
             self._lock.notify_all()
         return h
@@ -128,6 +149,11 @@ class Engine:
         """(running, waiting) requests."""
         with self._lock:
             return len(self._running), len(self._waiting)
+
+    def wake(self) -> None:
+        """Interrupt `serve`'s wait for work (its stop event was set)."""
+        with self._lock:
+            self._lock.notify_all()
 
     # -- the engine thread ------------------------------------------------------------------------
 
@@ -161,16 +187,24 @@ class Engine:
     def _finish(self, seq: _Running, events: list[Event], ev: Event) -> None:
         now = time.perf_counter()
         t_first = seq.t_first or now
-        seq.handle.result = ev.result = seq.state.result(t_first - seq.t_admit, now - t_first,
-                                                         seq.t_admit - seq.t_submit)
-        del self._running[seq.slot]
-        self._free.append(seq.slot)
+        g = seq.state.result(t_first - seq.t_admit, now - t_first, seq.t_admit - seq.t_submit)
+        g.cached_tokens = seq.cached
+        seq.handle.result = ev.result = g
+        self._release(seq)
         self._emit(seq.handle, events, ev)
         seq.handle._done.set()
 
+    def _release(self, seq: _Running, keep: bool = True) -> None:
+        """The slot goes back; what it holds is offered to the prefix cache first (`keep`)."""
+        if keep:
+            self.prefix.store(self.cache, seq.slot, seq.state.prompt_ids + seq.state.ids,
+                              int(self.cache.lengths[seq.slot]))
+        del self._running[seq.slot]
+        self._free.append(seq.slot)
+
     def _emit(self, handle: Handle, events: list[Event], ev: Event) -> None:
         events.append(ev)
-        handle._events.put(ev)
+        handle._put(ev)
 
     def _step(self) -> list[Event]:
         events: list[Event] = []
@@ -197,7 +231,11 @@ class Engine:
                     self.cache.grow(max(need, min(2 * self.cache.capacity, self.backend.config.context_length)))
                 slot = self._free.pop()
                 self.cache.reset(slot)
-                self._running[slot] = _Running(h, self._state(r), slot, t_submit)
+                # At least the prompt's last token is computed: its logits row picks the first token.
+                cached = 0 if r.prompt_logits else self.prefix.load(self.cache, slot, r.prompt_ids,
+                                                                      len(r.prompt_ids) - 1)
+                self.cache.lengths[slot] = cached
+                self._running[slot] = _Running(h, self._state(r), slot, t_submit, cached)
         if not self._running:
             return events
         # Decoding sequences take one token each; prompts share what is left of the budget, in the
@@ -214,27 +252,53 @@ class Engine:
                 break
             rest = len(s.state.prompt_ids) - s.fed
             n = rest if budget is None else min(rest, budget)
-            items.append((s.slot, s.state.prompt_ids[s.fed:s.fed + n], "last" if n == rest else "none"))
+            want = "all" if s.handle.request.prompt_logits else "last" if n == rest else "none"
+            items.append((s.slot, s.state.prompt_ids[s.fed:s.fed + n], want))
             seqs.append(s)
             s.fed += n
+            self.stats["prompt_tokens_computed"] += n
             if budget is not None:
                 budget -= n
         logits = self.backend.forward_batch(items, self.cache)
-        for s, row in zip(seqs, logits):
-            if row is None:  # a prompt chunk that does not end the prompt
-                continue
-            row = row[0]
-            tok = sample(row, s.state.params, s.state.position)
-            if s.t_first is None:
-                s.t_first = time.perf_counter()
-            piece, reason = s.state.push(tok, row)
-            ev = Event(s.handle.id, piece, tok, row if s.handle.request.logits else None, reason)
-            with self._lock:
-                if reason is not None:
-                    self._finish(s, events, ev)
-                else:
-                    self._emit(s.handle, events, ev)
+        self.stats["steps"] += 1
+        for s, rows in zip(seqs, logits):
+            try:
+                self._advance(s, rows, events)
+            except Exception as e:  # this request's own failure (say, NaN logits): the others go on
+                with self._lock:
+                    self._release(s, keep=False)
+                    s.handle.error = e
+                    s.handle._put(None)
+                    s.handle._done.set()
         return events
+
+    def _advance(self, s: _Running, rows, events: list[Event]) -> None:
+        """Take one sequence's logits rows from a pass: sample its next token, or just note a chunk."""
+        if rows is None:  # a prompt chunk that does not end the prompt
+            return
+        done = not s.state.ids and s.fed == len(s.state.prompt_ids)  # the pass that ended the prompt
+        if s.handle.request.prompt_logits and not s.state.ids:
+            # Each row predicts the next prompt token, except the prompt's last, which picks the first new one.
+            predicting = rows[:-1] if done else rows
+            if predicting.shape[0]:
+                with self._lock:
+                    self._emit(s.handle, events, Event(s.handle.id, "", None, prompt_rows=predicting))
+            if not done:
+                return
+        row = rows[-1]
+        tok = sample(row, s.state.params, s.state.position)
+        if s.t_first is None:
+            s.t_first = time.perf_counter()
+        if done:
+            self.prefix.store(self.cache, s.slot, s.state.prompt_ids, len(s.state.prompt_ids))
+        piece, reason = s.state.push(tok, row)
+        self.stats["generated_tokens"] += 1
+        ev = Event(s.handle.id, piece, tok, row if s.handle.request.logits else None, reason)
+        with self._lock:
+            if reason is not None:
+                self._finish(s, events, ev)
+            else:
+                self._emit(s.handle, events, ev)
 
     def _fail(self, e: BaseException) -> None:
         """The pass raised: every live request ends with the error (their handles re-raise it)."""
@@ -245,5 +309,5 @@ class Engine:
             self._free = list(range(self.max_batch))[::-1]
             for h in handles:
                 h.error = e
-                h._events.put(None)
+                h._put(None)
                 h._done.set()

@@ -27,13 +27,15 @@ class Request:
     max_tokens: int = 256
     stop: Sequence[str] = ()
     logits: bool = False
+    prompt_logits: bool = False  # also the rows that predict the prompt's own tokens (echo logprobs)
 
 
 @dataclass
 class Event:
     """What one step produced for one request: the text it completed (maybe empty), its token, the
     logits row that chose it (when the request asked), and on the last event the finish reason and
-    the request's result."""
+    the request's result. A request with `prompt_logits` also gets events with no token whose
+    `prompt_rows` are the rows predicting its prompt tokens 1, 2, ... in order, a chunk at a time."""
 
     request_id: int
     text: str
@@ -41,6 +43,7 @@ class Event:
     logits: np.ndarray | None = None
     finish_reason: str | None = None
     result: "Generation | None" = None
+    prompt_rows: np.ndarray | None = None
 
 
 @dataclass
@@ -55,6 +58,7 @@ class Generation:
     decode_seconds: float = 0.0
     queue_seconds: float = 0.0
     settings: dict = field(default_factory=dict)
+    cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
 
     @property
     def tokens_per_second(self) -> float:

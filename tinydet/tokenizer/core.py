@@ -160,6 +160,16 @@ class Tokenizer:
             data = data[1:]
         return data.decode("utf-8", errors="replace")
 
+    def token_bytes(self, i: int) -> bytes:
+        """One token's own bytes as text would contain them (a SentencePiece token keeps its leading
+        space); a control token with no text gives its name, so a log-probability can say which it was."""
+        i = self._check_id(i)
+        if self._pieces is not None:
+            b = self._pieces[i]
+        else:
+            b = self.hf.decode([i], skip_special_tokens=False).encode("utf-8")
+        return b or (self.hf.id_to_token(i) or "").encode("utf-8")
+
     def stream(self, prefix: Sequence[int] = ()) -> StreamDecoder:
         """An incremental decoder. Text it emits continues `decode(prefix)`: with the default (empty)
         prefix the first piece loses SentencePiece's leading space, as `decode` does; pass the

@@ -119,6 +119,15 @@ class CPUKVCache(KVCache):
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
+    block = ATILE  # one key tile
+
+    def read_block(self, slot: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.k[:, slot, :, b].copy(), self.v[:, slot, b * ATILE:(b + 1) * ATILE].copy()
+
+    def write_block(self, slot: int, b: int, data: tuple[np.ndarray, np.ndarray]) -> None:
+        self.grow((b + 1) * ATILE)
+        self.k[:, slot, :, b], self.v[:, slot, b * ATILE:(b + 1) * ATILE] = data
+
 
 class CPUBackend(Backend):
     """A model packed for the CPU kernels. `CPUBackend(config, tensors, dtype, threads)` packs the
