@@ -365,6 +365,63 @@ def bench(model_name, dtype, threads, prompt_tokens, new_tokens, repeats, as_jso
 
 
 @main.command()
+@click.option("--model", "model_name", default=None,
+              help="A GGUF file, a Hugging Face directory or a known model name. Default: smollm2-135m-instruct.")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="0 = any free port.")
+@click.option("--dtype", type=click.Choice(["fp32", "fp16", "native"]), default="fp32", show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="Default: the CPUs available.")
+@click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Sequences computed together (KV-cache slots).")
+@click.option("--max-queue", type=click.IntRange(min=0), default=64, show_default=True,
+              help="Requests waiting for a slot before new ones get 429.")
+@click.option("--prefill-chunk", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Tokens per step (prompt chunks plus one per running sequence), so a long prompt does not "
+                   "stall running streams.")
+@click.option("--prefix-cache", "prefix_cache_mb", type=click.IntRange(min=0), default=256, show_default=True,
+              help="MiB of keys and values kept for prompt prefixes seen before (0 = off).")
+@click.option("--api-key", envvar="TINYDET_API_KEY", default=None,
+              help="Require `Authorization: Bearer KEY` on /v1 (or set TINYDET_API_KEY).")
+@click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None,
+              help="Append one JSON line per request (answered or refused) to this file.")
+@click.option("--served-model-name", default=None, help="The model's name in the API. Default: the known model's "
+              "name, or the file or directory name.")
+@click.option("--canary", "canary_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A golden file (`tinydet golden --write`) whose cases for this dtype are the determinism canary. "
+                   "Default: the model manifest's golden case.")
+@click.option("--canary-interval", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="Minutes between canary runs after the one at start (0 = only at start).")
+@click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="Seconds running requests get to finish after SIGTERM.")
+@click.option("--verify", is_flag=True, help="Re-hash a known model's file before use.")
+@cli_errors
+def serve(model_name, host, port, dtype, threads, max_batch, max_queue, prefill_chunk, prefix_cache_mb, api_key,
+          log_path, served_model_name, canary_file, canary_interval, shutdown_timeout, verify):
+    """Serve a model over OpenAI's API (/v1/completions, /v1/chat/completions, /v1/models, /health,
+    /metrics). Same system_fingerprint + same request + same seed = the same bytes, under any load."""
+    import logging
+    from pathlib import Path
+
+    try:
+        from . import serve as serving
+        from .serve.service import Service
+    except ImportError as e:
+        raise TinydetError(f"tinydet serve needs the serve extra ({e.name} is missing): "
+                           "pip install 'tinydet[serve]'") from None
+    from .registry import DEFAULT_MODEL, known_models
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    name = model_name or DEFAULT_MODEL
+    if served_model_name is None:
+        served_model_name = name if name in known_models() else Path(name).name
+    service = Service(lambda: _load(model_name, dtype, threads, verify), served_model_name, max_batch, max_queue,
+                      prefill_chunk, prefix_cache_mb << 20, api_key, log_path, canary_file, 60 * canary_interval)
+    serving.run(service, host, port, shutdown_timeout,
+                on_bound=lambda p: click.echo(f"tinydet serve: {served_model_name} on http://{host}:{p} "
+                                              "(loading; /health says when ready)", err=True))
+
+
+@main.command()
 @click.argument("source")
 @click.argument("out_dir")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True)

@@ -1,0 +1,520 @@
+"""`tinydet serve` on a real socket (127.0.0.1, an ephemeral port), called with the official `openai`
+client and plain HTTP: every answer equals `Model.generate` of the same request alone, under any load."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+import httpx
+import numpy as np
+import pytest
+
+pytest.importorskip("starlette", reason="the serve extra is not installed: pip install 'tinydet[serve]'")
+openai = pytest.importorskip("openai", reason="the openai client is not installed (the test extra has it)")
+import uvicorn  # noqa: E402
+
+from tinydet.serve.app import create_app  # noqa: E402
+from tinydet.serve.service import Service  # noqa: E402
+
+NAME = "m"
+
+
+@contextmanager
+def serving(model, name=NAME, loader=None, **kw):
+    """A real server in this process (so tests can reach its model); yields (base URL, service)."""
+    service = Service(loader or (lambda: model), name, **kw)
+    server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=0, log_level="warning",
+                                           lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not (server.started and server.servers):
+            assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.01)
+        url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+        if loader is None:
+            wait_ready(url)
+        yield url, service
+    finally:
+        server.should_exit = True
+        thread.join(60)
+
+
+def wait_ready(url, timeout=120):
+    deadline = time.monotonic() + timeout
+    while True:
+        r = httpx.get(f"{url}/health")
+        if r.status_code == 200 or r.json().get("status") == "failed":
+            return r
+        assert time.monotonic() < deadline, r.text
+        time.sleep(0.05)
+
+
+def client(url, **kw):
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=kw.pop("api_key", "none"), max_retries=0, **kw)
+
+
+def metric(url, name) -> float:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(name)
+
+
+def solo(model, prompt, max_tokens, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, seed=0, stop=None):
+    return model.generate(prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                          min_p=min_p, seed=seed, stop=stop)
+
+
+def assert_choice(c, g, text=None):
+    """An API choice equals a Generation: text, ids, both hashes, finish reason."""
+    assert (c.text if text is None else text) == g.text
+    assert c.token_ids == g.token_ids
+    assert (c.output_hash, c.logits_hash) == (g.output_hash, g.logits_hash)
+    assert c.finish_reason == g.finish_reason
+
+
+def ref_logprobs(row: np.ndarray) -> np.ndarray:
+    """A float64 log-softmax by NumPy, for the accuracy check (not the bits)."""
+    x = row.astype(np.float64)
+    m = x.max()
+    return x - m - np.log(np.exp(x - m).sum())
+
+
+@pytest.fixture(scope="module")
+def stories(stories_models):
+    return stories_models["fp32"]
+
+
+@pytest.fixture(scope="module")
+def stories_server(stories):
+    with serving(stories, max_batch=4, prefill_chunk=16) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def smollm(smollm_models):
+    return smollm_models("fp32")
+
+
+# -- completions and chat equal generate ----------------------------------------------------------
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("settings", [dict(temperature=0.0), dict(temperature=0.9, top_p=0.9, seed=7),
+                                      dict(temperature=1.2, top_k=40, min_p=0.05, seed=11)])
+def test_completion_equals_generate(stories_server, stories, stream, settings):
+    url, _ = stories_server
+    c = client(url)
+    extra = {k: settings[k] for k in ("top_k", "min_p") if k in settings}
+    std = {k: v for k, v in settings.items() if k not in extra}
+    want = solo(stories, "Once upon a time", 40, **settings)
+    kw = dict(model=NAME, prompt="Once upon a time", max_tokens=40, extra_body={"return_token_ids": True, **extra},
+              **std)
+    if not stream:
+        r = c.completions.create(**kw)
+        assert r.system_fingerprint == stories.fingerprint and r.model == NAME
+        assert_choice(r.choices[0], want)
+        assert r.usage.completion_tokens == len(want.token_ids) and r.usage.prompt_tokens == 5
+        return
+    chunks = list(c.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    assert len({ch.id for ch in chunks}) == 1 and len({ch.created for ch in chunks}) == 1
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(want.token_ids)
+    body = [ch for ch in chunks if ch.choices]
+    assert all(ch.choices[0].finish_reason is None for ch in body[:-1])
+    assert_choice(body[-1].choices[0], want, text="".join(ch.choices[0].text for ch in body))
+
+
+def test_chat_equals_model_chat(smollm):
+    messages = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "Name a colour."}]
+    with serving(smollm, max_batch=2) as (url, _):
+        c = client(url)
+        for settings in (dict(temperature=0.0), dict(temperature=0.7, seed=5)):
+            want = smollm.chat(messages, max_tokens=24, **settings)
+            r = c.chat.completions.create(model=NAME, messages=messages, max_tokens=24,
+                                          extra_body={"return_token_ids": True}, **settings)
+            ch = r.choices[0]
+            assert ch.message.role == "assistant" and ch.message.content == want.text
+            assert ch.token_ids == want.token_ids and ch.prompt_token_ids == smollm.chat_prompt(messages)
+            assert (ch.output_hash, ch.logits_hash, ch.finish_reason) == (want.output_hash, want.logits_hash,
+                                                                          want.finish_reason)
+            chunks = list(c.chat.completions.create(model=NAME, messages=messages, max_completion_tokens=24,
+                                                    stream=True, **settings))
+            assert chunks[0].choices[0].delta.role == "assistant"
+            assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == want.text
+            last = chunks[-1].choices[0]
+            assert last.finish_reason == want.finish_reason and last.output_hash == want.output_hash
+        # A content list of text parts is the same message.
+        parts = [{"role": "user", "content": [{"type": "text", "text": "Name a "}, {"type": "text", "text": "colour."}]}]
+        r = c.chat.completions.create(model=NAME, messages=parts, max_tokens=8, temperature=0)
+        assert r.choices[0].output_hash == smollm.chat([messages[1]], max_tokens=8).output_hash
+
+
+def test_n_choices_have_their_own_seeds(stories_server, stories):
+    """Choice i samples with seed + i: each equals the single request with that seed."""
+    url, _ = stories_server
+    r = client(url).completions.create(model=NAME, prompt=["One day", "The cat"], n=3, max_tokens=20,
+                                       temperature=1.0, seed=100, extra_body={"return_token_ids": True})
+    assert [ch.index for ch in r.choices] == list(range(6)) and r.seed == 100
+    for ch in r.choices:
+        prompt = ["One day", "The cat"][ch.index // 3]
+        assert_choice(ch, solo(stories, prompt, 20, temperature=1.0, seed=100 + ch.index % 3))
+    assert len({ch.output_hash for ch in r.choices[:3]}) == 3
+
+
+def test_unseeded_sampling_returns_the_seed_it_used(stories_server, stories):
+    url, _ = stories_server
+    c = client(url)
+    a = c.completions.create(model=NAME, prompt="Tom", max_tokens=20)  # temperature absent: OpenAI's 1.0
+    b = c.completions.create(model=NAME, prompt="Tom", max_tokens=20, seed=a.seed)
+    assert isinstance(a.seed, int) and a.choices[0].output_hash == b.choices[0].output_hash
+    assert a.choices[0].output_hash == solo(stories, "Tom", 20, temperature=1.0, seed=a.seed).output_hash
+
+
+def test_stop_strings_and_token_prompts(stories_server, stories):
+    url, _ = stories_server
+    c = client(url)
+    want = solo(stories, "Once upon a time", 60, stop=["Lily", "park"])
+    r = c.completions.create(model=NAME, prompt="Once upon a time", max_tokens=60, temperature=0, stop=["Lily", "park"],
+                             extra_body={"return_token_ids": True})
+    assert_choice(r.choices[0], want)
+    assert want.finish_reason == "stop" and "Lily" not in r.choices[0].text
+    ids = stories.tokenize("Once upon a time")
+    r = c.completions.create(model=NAME, prompt=ids, max_tokens=10, temperature=0, echo=True)
+    assert r.choices[0].text == "Once upon a time" + solo(stories, ids, 10).text
+
+
+# -- log-probabilities ----------------------------------------------------------------------------
+
+def test_logprobs_are_exact_log_softmax(stories_server, stories):
+    """Completion and chat logprobs: within 1e-12 of a float64 log-softmax of the same float32 rows
+    (NumPy's); top alternatives in logit order."""
+    url, _ = stories_server
+    r = client(url).completions.create(model=NAME, prompt="Once upon a time", max_tokens=12, temperature=0,
+                                       logprobs=5, extra_body={"return_token_ids": True})
+    ch = r.choices[0]
+    ids = stories.tokenize("Once upon a time") + ch.token_ids
+    rows = stories.logits(ids)[len(ids) - 12 - 1:-1]
+    lp = ch.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 12
+    for j, (tok, row) in enumerate(zip(ch.token_ids, rows)):
+        ref = ref_logprobs(row)
+        assert abs(lp.token_logprobs[j] - ref[tok]) < 1e-12
+        top = np.argsort(-row, kind="stable")[:5]
+        assert list(lp.top_logprobs[j].values()) == pytest.approx(ref[top], abs=1e-12)
+        assert lp.tokens[j] == stories.tokenizer.token_bytes(tok).decode("utf-8", "replace")
+    assert lp.text_offset[0] == len("Once upon a time")
+
+
+def test_echo_gives_the_prompts_logprobs(stories_server, stories):
+    """echo + logprobs (what lm-evaluation-harness's local-completions sends, max_tokens 1 or 0):
+    the prompt's tokens with their log-probabilities, the first with none, chunked prefill or not."""
+    url, _ = stories_server
+    prompt = "Lily and Ben went to the park to play with a ball"
+    ids = stories.tokenize(prompt)
+    rows = stories.logits(ids)
+    c = client(url)
+    for max_tokens in (1, 0):
+        r = c.completions.create(model=NAME, prompt=prompt, max_tokens=max_tokens, temperature=0, echo=True,
+                                 logprobs=1)
+        ch = r.choices[0]
+        lp = ch.logprobs
+        assert len(lp.tokens) == len(ids) + max_tokens and lp.token_logprobs[0] is None
+        for i in range(1, len(ids)):
+            assert abs(lp.token_logprobs[i] - ref_logprobs(rows[i - 1])[ids[i]]) < 1e-12
+        assert ch.text == prompt + (solo(stories, prompt, 1).text if max_tokens else "")
+        assert r.usage.completion_tokens == max_tokens
+    # The same answer through a chunked prefill (prefill_chunk 16 < the prompt) and unchunked.
+    with serving(stories, max_batch=2) as (url2, _):
+        r2 = client(url2).completions.create(model=NAME, prompt=prompt, max_tokens=0, temperature=0, echo=True,
+                                             logprobs=1)
+    assert r2.choices[0].logprobs.token_logprobs == lp.token_logprobs
+
+
+# -- load -----------------------------------------------------------------------------------------
+
+def _mixed_requests(n=32):
+    rng = random.Random(1234)
+    prompts = ["", "Once upon a time", "Lily and Ben", "The little dog ran to the park and saw a big red ball. It",
+               "One day, a girl named Sue found a shiny stone", "Tom", "The sun was hot and the sky was blue. The"]
+    out = []
+    for i in range(n):
+        r = dict(prompt=rng.choice(prompts), max_tokens=rng.randint(4, 48))
+        if i % 3:
+            r.update(temperature=rng.choice([0.5, 0.9, 1.3]), top_p=rng.choice([1.0, 0.9]), seed=rng.randrange(1 << 32))
+        else:
+            r.update(temperature=0.0)
+        if i % 5 == 0:
+            r["stop"] = ["."]
+        out.append(r)
+    return out
+
+
+def _ask(url, r):
+    body = dict(model=NAME, prompt=r["prompt"], max_tokens=r["max_tokens"], temperature=r["temperature"],
+                return_token_ids=True, **{k: r[k] for k in ("top_p", "seed", "stop") if k in r})
+    resp = httpx.post(f"{url}/v1/completions", json=body, timeout=300)
+    assert resp.status_code == 200, resp.text
+    return resp.json()["choices"][0]
+
+
+@pytest.mark.parametrize("max_batch", [4, 8])
+def test_load_answers_equal_each_request_alone(stories, max_batch):
+    """32 mixed requests from 8 concurrent clients: each answer is that request's `generate` alone,
+    none lost; again in another order."""
+    reqs = _mixed_requests()
+    want = [solo(stories, **r) for r in reqs]
+    with serving(stories, max_batch=max_batch, prefill_chunk=32) as (url, _):
+        for order in (list(range(len(reqs))), list(range(len(reqs)))[::-1]):
+            random.Random(max_batch).shuffle(order) if order[0] != 0 else None
+            with ThreadPoolExecutor(8) as pool:
+                got = dict(zip(order, pool.map(lambda i: _ask(url, reqs[i]), order)))
+            assert sorted(got) == list(range(len(reqs)))
+            for i, g in enumerate(want):
+                c = got[i]
+                assert (c["text"], c["token_ids"], c["output_hash"], c["logits_hash"], c["finish_reason"]) == \
+                       (g.text, g.token_ids, g.output_hash, g.logits_hash, g.finish_reason), reqs[i]
+        assert metric(url, "tinydet_num_requests_running") == 0
+
+
+def test_same_prompt_from_8_clients_one_completion_one_logprobs(smollm):
+    """The measurement llama.cpp's server fails: one prompt, temperature 0, logprobs, 8 clients at
+    once (and alone): 1 distinct completion and 1 distinct logprobs sequence."""
+    body = dict(model=NAME, prompt="The three primary colours are", max_tokens=24, temperature=0, logprobs=1)
+    with serving(smollm, max_batch=8) as (url, _):
+        alone = httpx.post(f"{url}/v1/completions", json=body, timeout=300).json()["choices"][0]
+        with ThreadPoolExecutor(8) as pool:
+            loaded = list(pool.map(lambda _: httpx.post(f"{url}/v1/completions", json=body, timeout=300)
+                                   .json()["choices"][0], range(8)))
+    texts = {c["text"] for c in loaded + [alone]}
+    logprobs = {json.dumps(c["logprobs"]) for c in loaded + [alone]}
+    assert len(texts) == 1 and len(logprobs) == 1
+
+
+# -- prefix cache, disconnects ----------------------------------------------------------------------
+
+def test_prefix_cache_same_bits_less_prefill(stories, stories_server):
+    url, service = stories_server
+    system = "Once upon a time there was a little girl named Lily. She loved to play outside in the park. " * 3
+    c = client(url)
+    before = metric(url, "tinydet_prompt_tokens_computed_total")
+    a = c.completions.create(model=NAME, prompt=system + "One day", max_tokens=10, temperature=0)
+    mid = metric(url, "tinydet_prompt_tokens_computed_total")
+    b = c.completions.create(model=NAME, prompt=system + "Then", max_tokens=10, temperature=0,
+                             extra_body={"return_token_ids": True})
+    after = metric(url, "tinydet_prompt_tokens_computed_total")
+    n_b = len(stories.tokenize(system + "Then"))
+    assert mid - before == len(stories.tokenize(system + "One day"))
+    assert after - mid <= n_b - 64 and b.usage.prompt_tokens_details.cached_tokens >= 64
+    assert_choice(b.choices[0], solo(stories, system + "Then", 10))
+    assert a.usage.prompt_tokens_details.cached_tokens == 0
+    assert metric(url, "tinydet_prefix_cache_hits_total") >= 1
+
+
+def test_disconnect_mid_stream_frees_the_slot(stories, stories_server):
+    url, service = stories_server
+    body = dict(model=NAME, prompt="Once upon a time", max_tokens=400, temperature=0, stream=True)
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as resp:
+        lines = resp.iter_lines()
+        assert next(lines).startswith("data: ")
+    deadline = time.monotonic() + 10
+    while service.engine.counts != (0, 0):
+        assert time.monotonic() < deadline, "the slot was not freed"
+        time.sleep(0.02)
+    assert metric(url, 'tinydet_requests_total{endpoint="/v1/completions",outcome="disconnected"}') >= 1
+    r = client(url).completions.create(model=NAME, prompt="Tom", max_tokens=8, temperature=0)
+    assert r.choices[0].output_hash == solo(stories, "Tom", 8).output_hash
+
+
+# -- bad input, overload, failures ----------------------------------------------------------------
+
+BAD = [
+    (b"{not json", 400, None),
+    (b'["a"]', 400, None),
+    (dict(prompt="x"), 400, "model"),
+    (dict(model="other", prompt="x"), 404, "model"),
+    (dict(model=NAME, prompt="x", max_tokens="5"), 400, "max_tokens"),
+    (dict(model=NAME, prompt="x", max_tokens=0), 400, "max_tokens"),
+    (dict(model=NAME, prompt="x", max_tokens=-1), 400, "max_tokens"),
+    (dict(model=NAME, prompt="x", max_tokens=100000), 400, "max_tokens"),
+    (dict(model=NAME, prompt=[1] * 5000), 400, "prompt"),
+    (dict(model=NAME, prompt=[1, 2, 99999]), 400, "prompt"),
+    (dict(model=NAME, prompt="x", n=0), 400, "n"),
+    (dict(model=NAME, prompt="x", n=17), 400, "n"),
+    (dict(model=NAME, prompt="x", logprobs=21), 400, "logprobs"),
+    (dict(model=NAME, prompt="x", temperature=-1), 400, "temperature"),
+    (dict(model=NAME, prompt="x", top_p=0), 400, "top_p"),
+    (dict(model=NAME, prompt="x", stop=["a", "b", "c", "d", "e"]), 400, "stop"),
+    (dict(model=NAME, prompt="x", seed=-1), 400, "seed"),
+    (dict(model=NAME, prompt="x", frequency_penalty=0.5), 400, "frequency_penalty"),
+    (dict(model=NAME, prompt="x", logit_bias={"1": 5}), 400, "logit_bias"),
+    (dict(model=NAME, prompt="x", bogus=1), 400, "bogus"),
+    (dict(model=NAME, prompt="x", system_fingerprint="tinydet-other"), 409, "system_fingerprint"),
+]
+
+
+@pytest.mark.parametrize("body,status,param", BAD, ids=[str(i) for i in range(len(BAD))])
+def test_bad_completion_requests(stories_server, body, status, param):
+    url, _ = stories_server
+    kw = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) else {"json": body}
+    r = httpx.post(f"{url}/v1/completions", **kw)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["param"] == param
+    if param:
+        assert param in err["message"]
+    if status == 409:
+        assert "tinydet-other" in err["message"] and _fingerprint(url) in err["message"]
+
+
+def _fingerprint(url):
+    return httpx.get(f"{url}/health").json()["system_fingerprint"]
+
+
+@pytest.mark.parametrize("body,status,param", [
+    (dict(model=NAME, messages=[]), 400, "messages"),
+    (dict(model=NAME, messages=[{"role": "robot", "content": "x"}]), 400, "messages[0].role"),
+    (dict(model=NAME, messages=[{"role": "user", "content": "x"}], top_logprobs=3), 400, "top_logprobs"),
+    (dict(model=NAME, messages=[{"role": "user", "content": "x"}], logprobs=True, top_logprobs=21), 400,
+     "top_logprobs"),
+    (dict(model=NAME, messages=[{"role": "user", "content": "x"}], tools=[]), 400, "tools"),
+    (dict(model=NAME, messages=[{"role": "user", "content": "x"}], max_completion_tokens=0), 400,
+     "max_completion_tokens"),
+])
+def test_bad_chat_requests(stories_server, body, status, param):
+    url, _ = stories_server
+    r = httpx.post(f"{url}/v1/chat/completions", json=body)
+    assert r.status_code == status and r.json()["error"]["param"] == param, r.text
+
+
+def test_chat_without_a_template_is_a_400(stories_server):
+    url, _ = stories_server
+    r = httpx.post(f"{url}/v1/chat/completions", json=dict(model=NAME, messages=[{"role": "user", "content": "x"}]))
+    assert r.status_code == 400 and "chat template" in r.json()["error"]["message"]
+
+
+def test_unknown_endpoint_and_method(stories_server):
+    url, _ = stories_server
+    assert httpx.get(f"{url}/v1/nothing").status_code == 404
+    r = httpx.get(f"{url}/v1/completions")
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_api_key(stories):
+    with serving(stories, api_key="s3cret") as (url, _):
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            r = httpx.post(f"{url}/v1/completions", json=dict(model=NAME, prompt="x"), headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        with pytest.raises(openai.AuthenticationError):
+            client(url, api_key="wrong").models.list()
+        assert [m.id for m in client(url, api_key="s3cret").models.list()] == [NAME]
+        assert httpx.get(f"{url}/health").status_code == 200  # health and metrics stay open
+
+
+def test_full_queue_answers_429(stories):
+    """One slot, no queue: while a request holds the slot (its pass held up), the next one gets 429
+    with Retry-After; once it is done, requests are served again."""
+    gate = threading.Event()
+
+    def hold(layer, op, pos, slots, rows):
+        if op == "logits":
+            gate.wait(30)
+
+    with serving(stories, max_batch=1, max_queue=0) as (url, service):
+        stories.backend.hooks.append(hold)
+        try:
+            with ThreadPoolExecutor(1) as pool:
+                first = pool.submit(httpx.post, f"{url}/v1/completions",
+                                    json=dict(model=NAME, prompt="Once", max_tokens=4, temperature=0), timeout=60)
+                wait = time.monotonic() + 10
+                while service.engine.counts != (1, 0):
+                    assert time.monotonic() < wait
+                    time.sleep(0.01)
+                r = httpx.post(f"{url}/v1/completions", json=dict(model=NAME, prompt="x", max_tokens=2))
+                assert r.status_code == 429 and r.headers["retry-after"] == "1"
+                assert r.json()["error"]["type"] == "rate_limit_error"
+                gate.set()
+                assert first.result().status_code == 200
+        finally:
+            stories.backend.hooks.remove(hold)
+        assert httpx.post(f"{url}/v1/completions", json=dict(model=NAME, prompt="x", max_tokens=2)).status_code == 200
+        assert metric(url, 'tinydet_requests_total{endpoint="/v1/completions",outcome="overloaded"}') == 1
+
+
+def test_engine_failure_is_a_500_and_the_server_goes_on(stories):
+    with serving(stories, max_batch=2) as (url, _):
+        armed = threading.Event()
+
+        def broken(layer, op, pos, slots, rows):
+            if op == "logits" and armed.is_set():
+                armed.clear()
+                raise RuntimeError("injected fault")
+
+        stories.backend.hooks.append(broken)
+        try:
+            armed.set()
+            r = httpx.post(f"{url}/v1/completions", json=dict(model=NAME, prompt="Tom", max_tokens=5))
+            assert r.status_code == 500 and "injected fault" in r.json()["error"]["message"]
+            r = httpx.post(f"{url}/v1/completions", json=dict(model=NAME, prompt="Tom", max_tokens=5, temperature=0))
+            assert r.status_code == 200 and r.json()["choices"][0]["text"] == solo(stories, "Tom", 5).text
+        finally:
+            stories.backend.hooks.remove(broken)
+        assert metric(url, 'tinydet_requests_total{endpoint="/v1/completions",outcome="error"}') == 1
+
+
+def test_health_is_503_while_loading(stories):
+    release = threading.Event()
+
+    def slow():
+        release.wait(30)
+        return stories
+
+    with serving(stories, loader=slow) as (url, _):
+        r = httpx.get(f"{url}/health")
+        assert r.status_code == 503 and r.json()["status"] == "loading"
+        r = httpx.post(f"{url}/v1/completions", json=dict(model=NAME, prompt="x"))
+        assert r.status_code == 503 and r.json()["error"]["code"] == "loading"
+        release.set()
+        assert wait_ready(url).status_code == 200
+
+
+def test_canary_mismatch_at_start_keeps_health_at_503(stories, tmp_path):
+    """A golden file whose hashes this build does not reproduce: the server refuses traffic; with the
+    right hashes it serves and counts the runs."""
+    from tinydet.tools.golden import write_golden
+
+    case = dict(prompt="Once upon a time", dtype="fp32", max_tokens=12, temperature=0.0)
+    g = solo(stories, "Once upon a time", 12)
+    for good in (False, True):
+        path = tmp_path / f"golden-{good}.json"
+        hashes = dict(output_hash=g.output_hash, logits_hash=g.logits_hash if good else "0" * 64)
+        write_golden(path, "stories260k", stories.sha256, [{**case, **hashes}])
+        with serving(stories, canary_file=path) as (url, service):
+            assert metric(url, "tinydet_canary_runs_total") == 1
+            assert metric(url, "tinydet_canary_mismatches_total") == (0 if good else 1)
+            r = httpx.get(f"{url}/health")
+            assert r.status_code == (200 if good else 503)
+            r = httpx.post(f"{url}/v1/completions", json=dict(model=NAME, prompt="x", max_tokens=2))
+            assert r.status_code == (200 if good else 503)
+            if good:
+                service.run_canary()
+                assert metric(url, "tinydet_canary_runs_total") == 2
+
+
+def test_metrics_names(stories_server):
+    url, _ = stories_server
+    client(url).completions.create(model=NAME, prompt="Tom", max_tokens=3)
+    text = httpx.get(f"{url}/metrics").text
+    for name in ("tinydet_requests_total", "tinydet_request_success_total", "tinydet_prompt_tokens_total",
+                 "tinydet_generation_tokens_total", "tinydet_num_requests_running", "tinydet_num_requests_waiting",
+                 "tinydet_kv_slots_used", "tinydet_kv_cache_usage_perc", "tinydet_request_queue_time_seconds_bucket",
+                 "tinydet_time_to_first_token_seconds_bucket", "tinydet_inter_token_latency_seconds_bucket",
+                 "tinydet_e2e_request_latency_seconds_bucket", "tinydet_canary_runs_total",
+                 "tinydet_canary_mismatches_total", "tinydet_prefix_cache_hits_total"):
+        assert f"\n{name}" in text, name
+    assert metric(url, "tinydet_kv_slots_total") == 4

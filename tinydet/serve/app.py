@@ -1,0 +1,550 @@
+"""The HTTP side of `tinydet serve`: OpenAI's API on Starlette. It parses, submits to the engine
+thread (`service.py`) and writes the answers; it never computes.
+
+Each choice is one engine request. Its events reach the event loop through a listener the engine
+thread calls; the listener also turns logits rows into log-probabilities there, so rows never cross.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import secrets
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request as HTTPRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..engine import Request
+from ..errors import ContextLengthError, TinydetError
+from ..hashing import hash_ids
+from ..logprobs import token_logprobs
+from .protocol import APIError, ChatCompletionRequest, CompletionRequest, parse
+from .service import Service
+
+_EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+OUTCOMES = {200: "success", 400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "bad_request",
+            409: "fingerprint_mismatch", 413: "bad_request", 429: "overloaded", 500: "error", 503: "unavailable"}
+
+
+def _dumps(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def _json(obj, status: int = 200, headers: dict | None = None) -> Response:
+    return Response(_dumps(obj), status, headers=headers, media_type="application/json")
+
+
+@dataclass
+class _Job:
+    """One choice: the engine request and what its answer needs."""
+
+    index: int
+    request: Request
+    prompt_text: str
+    top: int | None  # log-probabilities wanted: None = none, else that many alternatives
+    echo: bool = False
+    drop_token: bool = False  # max_tokens 0 with echo: the one token run is not part of the answer
+    # filled from events:
+    text: list[str] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[tuple] = field(default_factory=list)  # (token, logprob, alternatives) per token
+    prompt_logprobs: list[tuple] = field(default_factory=list)
+    result: object = None
+    offset: int = 0  # characters streamed so far (completions' text_offset)
+
+
+class _Listener:
+    """Runs on the engine thread: turns one choice's events into small messages on the loop's queue."""
+
+    def __init__(self, app: "_App", job: _Job, queue: asyncio.Queue, loop, t_arrival: float):
+        self.app, self.job, self.queue, self.loop = app, job, queue, loop
+        self.t_arrival, self.t_prev = t_arrival, None
+        self.next_prompt = 1  # the prompt token the next prompt row predicts
+
+    def __call__(self, handle, ev) -> None:
+        job, m = self.job, self.app.service.metrics
+        if ev is None:
+            msg = ("error", job.index, handle.error)
+        elif ev.prompt_rows is not None:
+            ids, out = job.request.prompt_ids, []
+            for row in ev.prompt_rows:
+                tok = ids[self.next_prompt]
+                out.append((tok, *token_logprobs(row, tok, job.top or 0)))
+                self.next_prompt += 1
+            msg = ("prompt", job.index, out)
+        else:
+            now = time.perf_counter()
+            if ev.token is not None:
+                m.generation_tokens.inc()
+                if self.t_prev is None:
+                    m.ttft.observe(now - self.t_arrival)
+                else:
+                    m.itl.observe(now - self.t_prev)
+                self.t_prev = now
+            lp = None
+            if ev.token is not None and job.top is not None and not job.drop_token:
+                lp = (ev.token, *token_logprobs(ev.logits[0] if ev.logits.ndim == 2 else ev.logits, ev.token, job.top))
+            if ev.result is not None:
+                m.e2e.observe(now - self.t_arrival)
+                m.queue_time.observe(ev.result.queue_seconds)
+                if ev.finish_reason != "cancelled":
+                    m.finished.labels(ev.finish_reason).inc()
+            msg = ("token", job.index, (ev.text, ev.token, lp, ev.finish_reason, ev.result))
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, msg)
+
+
+class _App:
+    def __init__(self, service: Service):
+        self.service = service
+
+    # -- shared checks ----------------------------------------------------------------------------
+
+    def _auth(self, req: HTTPRequest) -> None:
+        key = self.service.api_key
+        if key is None:
+            return
+        given = req.headers.get("authorization", "")
+        token = given[7:] if given[:7].lower() == "bearer " else ""
+        if not hmac.compare_digest(token.encode(), key.encode()):
+            raise APIError(401, "missing API key (Authorization: Bearer ...)" if not token else "incorrect API key",
+                           code="invalid_api_key")
+
+    async def _body(self, req: HTTPRequest, cls):
+        self._auth(req)
+        self.service.check_ready()
+        try:
+            raw = await req.body()
+        except ClientDisconnect:
+            raise APIError(400, "the client went away before sending the body") from None
+        body = parse(cls, raw)
+        req.state.log.update(model=body.model, stream=body.stream, n=body.n)
+        if body.model != self.service.name:
+            raise APIError(404, f"model: {body.model!r} is not served here (this server serves "
+                                f"{self.service.name!r}; see /v1/models)", param="model", code="model_not_found")
+        fp = self.service.fingerprint
+        if body.system_fingerprint is not None and body.system_fingerprint != fp:
+            raise APIError(409, f"system_fingerprint: the request expects {body.system_fingerprint} but this "
+                                f"server computes {fp}", param="system_fingerprint", code="fingerprint_mismatch")
+        return body
+
+    def _seed(self, body) -> int:
+        """The request's seed, or one picked now when it samples without one (returned, to reproduce it)."""
+        if body.seed is not None:
+            return body.seed
+        return secrets.randbits(63) if (body.temperature is None or body.temperature > 0) else 0
+
+    def _jobs(self, body, prompts: list[tuple[str, list[int]]], max_tokens: int | None, top: int | None,
+              echo: bool, param: str) -> tuple[list[_Job], int]:
+        model, ctx = self.service.model, self.service.model.config.context_length
+        seed = self._seed(body)
+        temperature = 1.0 if body.temperature is None else body.temperature
+        jobs = []
+        for p, (text, ids) in enumerate(prompts):
+            if len(ids) >= ctx:
+                raise APIError(400, f"{param}: {len(ids)} tokens leave no room in the model's context of {ctx} "
+                                    "tokens", param=param, code="context_length_exceeded")
+            n_new = ctx - len(ids) if max_tokens is None else max_tokens
+            if len(ids) + n_new > ctx:
+                raise APIError(400, f"max_tokens: {len(ids)} prompt tokens + {n_new} new tokens exceed the "
+                                    f"model's context of {ctx} tokens (at most {ctx - len(ids)} new tokens fit)",
+                               param="max_completion_tokens" if getattr(body, "max_completion_tokens", None)
+                               else "max_tokens", code="context_length_exceeded")
+            for i in range(body.n):
+                try:
+                    r = model.request(ids, max(n_new, 1), temperature, body.top_k or 0,
+                                      1.0 if body.top_p is None else body.top_p, body.min_p or 0.0,
+                                      (seed + i) % (1 << 64), body.stops, logits=top is not None,
+                                      prompt_logits=echo and top is not None)
+                except ContextLengthError as e:
+                    raise APIError(400, str(e), param=param, code="context_length_exceeded") from None
+                except TinydetError as e:
+                    raise APIError(400, str(e)) from None
+                jobs.append(_Job(p * body.n + i, r, text, top, echo, drop_token=n_new == 0))
+        return jobs, seed
+
+    async def _run(self, req: HTTPRequest, body, jobs: list[_Job], seed: int, render_chunk, render_final):
+        """Submit the jobs and answer: a JSON body, or SSE chunks as tokens arrive."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        t_arrival = req.state.t_arrival
+        listeners = [_Listener(self, j, queue, loop, t_arrival) for j in jobs]
+        handles = self.service.submit([j.request for j in jobs], listeners)
+        req.state.log["prompt_tokens"] = [len(j.request.prompt_ids) for j in jobs[::body.n]]
+        live = {j.index for j in jobs}
+        by_index = {j.index: j for j in jobs}
+
+        def cancel_all():
+            for h in handles:
+                if not h.finished:
+                    h.cancel()
+
+        async def next_message(poll: bool):
+            while True:
+                try:
+                    return await asyncio.wait_for(queue.get(), 0.5 if poll else None)
+                except asyncio.TimeoutError:
+                    if await req.is_disconnected():
+                        raise ClientDisconnect() from None
+
+        def take(msg) -> tuple[_Job, tuple | None]:
+            kind, index, data = msg
+            job = by_index[index]
+            if kind == "error":
+                raise APIError(500, f"the engine failed on this request: {type(data).__name__}: {data}",
+                               type="server_error", code="engine_error")
+            if kind == "prompt":
+                job.prompt_logprobs.extend(data)
+                return job, None
+            text, tok, lp, reason, result = data
+            if tok is not None and not job.drop_token:
+                job.tokens.append(tok)
+                job.text.append(text)
+                if lp is not None:
+                    job.logprobs.append(lp)
+            if reason is not None:
+                job.result = result
+                live.discard(index)
+            return job, data
+
+        if not body.stream:
+            try:
+                while live:
+                    take(await next_message(poll=True))
+            except ClientDisconnect:
+                cancel_all()
+                req.state.log["disconnected"] = True
+                return Response(status_code=499)
+            except BaseException:
+                cancel_all()
+                raise
+            self._log_choices(req, jobs)
+            return _json(render_final(jobs, seed))
+
+        # Streaming: wait for the first message before answering, so a request that fails at once
+        # gets its error status rather than a 200 stream.
+        try:
+            first = await next_message(poll=True)
+            take(first)
+        except ClientDisconnect:
+            cancel_all()
+            req.state.log["disconnected"] = True
+            return Response(status_code=499)
+        except BaseException:
+            cancel_all()
+            raise
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+        async def events():
+            sent_first = set()
+            try:
+                for chunk in render_chunk(jobs, first, sent_first, seed, include_usage):
+                    yield f"data: {_dumps(chunk)}\n\n"
+                while live:
+                    msg = await next_message(poll=False)
+                    try:
+                        take(msg)
+                    except APIError as e:
+                        yield f"data: {_dumps(e.body())}\n\n"
+                        req.state.log["error"] = e.message
+                        break
+                    for chunk in render_chunk(jobs, msg, sent_first, seed, include_usage):
+                        yield f"data: {_dumps(chunk)}\n\n"
+                else:
+                    if include_usage:
+                        yield f"data: {_dumps(render_final(jobs, seed, usage_only=True))}\n\n"
+                    self._log_choices(req, jobs)
+                yield "data: [DONE]\n\n"
+            finally:  # the client left (or the stream ended): nothing of this request runs on
+                if live:
+                    req.state.log["disconnected"] = True
+                cancel_all()
+                req.state.log_done()
+
+        req.state.log_deferred = True
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    def _log_choices(self, req: HTTPRequest, jobs: list[_Job]) -> None:
+        req.state.log["choices"] = [
+            {"finish_reason": j.result.finish_reason, "completion_tokens": len(j.tokens),
+             "output_hash": j.result.output_hash, "logits_hash": j.result.logits_hash,
+             "prompt_hash": hash_ids(j.request.prompt_ids), "cached_tokens": j.result.cached_tokens,
+             "seed": j.request.params.seed} for j in jobs]
+
+    # -- shared answer parts ----------------------------------------------------------------------
+
+    def _head(self, obj: str, rid: str, created: int, seed: int) -> dict:
+        return {"id": rid, "object": obj, "created": created, "model": self.service.name,
+                "system_fingerprint": self.service.fingerprint, "seed": seed}
+
+    def _extension(self, job: _Job, body) -> dict:
+        """tinydet's fields of a finished choice."""
+        g = job.result
+        out = {"output_hash": g.output_hash, "logits_hash": g.logits_hash}
+        if job.drop_token:
+            out = {"output_hash": hash_ids([]), "logits_hash": _EMPTY_SHA256}
+        if body.return_token_ids:
+            out["token_ids"] = list(job.tokens)
+            out["prompt_token_ids"] = list(job.request.prompt_ids)
+        return out
+
+    def _usage(self, jobs: list[_Job], n: int) -> dict:
+        prompt = sum(len(j.request.prompt_ids) for j in jobs[::n])
+        done = sum(len(j.tokens) for j in jobs)
+        cached = sum(j.result.cached_tokens for j in jobs[::n] if j.result is not None)
+        return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
+                "prompt_tokens_details": {"cached_tokens": cached}}
+
+    def _reason(self, job: _Job) -> str:
+        return "length" if job.drop_token else job.result.finish_reason
+
+    def _token_str(self, tok: int) -> tuple[str, list[int]]:
+        b = self.service.model.tokenizer.token_bytes(tok)
+        return b.decode("utf-8", errors="replace"), list(b)
+
+    # -- /v1/completions --------------------------------------------------------------------------
+
+    async def completions(self, req: HTTPRequest) -> Response:
+        body: CompletionRequest = await self._body(req, CompletionRequest)
+        model = self.service.model
+        prompts = []
+        for i, p in enumerate(body.prompts):
+            where = "prompt" if len(body.prompts) == 1 else f"prompt[{i}]"
+            if not isinstance(p, str) and max(p) >= model.config.vocab_size:
+                raise APIError(400, f"{where}: token ids must lie in [0, {model.config.vocab_size}), found "
+                                    f"{max(p)}", param="prompt")
+            try:
+                ids = model.prompt_ids(p)
+                text = p if isinstance(p, str) else model.detokenize(ids)
+            except TinydetError as e:
+                raise APIError(400, f"{where}: {e}", param="prompt") from None
+            prompts.append((text, ids))
+        max_tokens = 16 if body.max_tokens is None else body.max_tokens  # OpenAI's default here
+        jobs, seed = self._jobs(body, prompts, max_tokens, body.logprobs, body.echo, "prompt")
+        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+
+        def logprobs(job: _Job, entries: list[tuple], offset: int, with_prompt: bool) -> tuple[dict, int]:
+            """OpenAI's completions logprobs for `entries`, the first at character `offset` of the
+            answer's text; with the prompt, its first token comes first (no log-probability)."""
+            tokens, lps, tops, offsets = [], [], [], []
+            rows = ([(job.request.prompt_ids[0], None, None)] if with_prompt else []) + list(entries)
+            for tok, lp, alts in rows:
+                s, _ = self._token_str(tok)
+                tokens.append(s)
+                lps.append(lp)
+                tops.append(None if alts is None else {self._token_str(a)[0]: alp for a, alp in alts})
+                offsets.append(offset)
+                offset += len(s)
+            return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}, offset
+
+        def final(jobs, seed, usage_only=False):
+            head = self._head("text_completion", rid, created, seed)
+            if usage_only:
+                return {**head, "choices": [], "usage": self._usage(jobs, body.n)}
+            choices = []
+            for j in jobs:
+                text = "".join(j.text)
+                lp = None
+                if j.top is not None:
+                    lp = logprobs(j, j.prompt_logprobs + j.logprobs if j.echo else j.logprobs,
+                                  0 if j.echo else len(j.prompt_text), j.echo)[0]
+                choices.append({"index": j.index, "text": j.prompt_text + text if j.echo else text,
+                                "logprobs": lp, "finish_reason": self._reason(j), **self._extension(j, body)})
+            return {**head, "choices": choices, "usage": self._usage(jobs, body.n)}
+
+        def chunks(jobs, msg, started, seed, include_usage):
+            kind, index, data = msg
+            job = next(j for j in jobs if j.index == index)
+            if kind != "token":
+                return
+            text, tok, lp, reason, result = data
+            pieces, entries, with_prompt = [], [], False
+            if index not in started:
+                started.add(index)
+                job.offset = 0 if job.echo else len(job.prompt_text)
+                if job.echo:
+                    pieces.append(job.prompt_text)
+                    entries, with_prompt = list(job.prompt_logprobs), True
+            if tok is not None and not job.drop_token:
+                pieces.append(text)
+                if lp is not None:
+                    entries.append(lp)
+            if not pieces and reason is None:
+                return
+            c = {"index": index, "text": "".join(pieces), "logprobs": None, "finish_reason": None}
+            if job.top is not None and (entries or with_prompt):
+                c["logprobs"], job.offset = logprobs(job, entries, job.offset, with_prompt)
+            if reason is not None:
+                c["finish_reason"] = self._reason(job)
+                c.update(self._extension(job, body))
+            out = {**self._head("text_completion", rid, created, seed), "choices": [c]}
+            if include_usage:
+                out["usage"] = None
+            yield out
+
+        return await self._run(req, body, jobs, seed, chunks, final)
+
+    # -- /v1/chat/completions ---------------------------------------------------------------------
+
+    async def chat_completions(self, req: HTTPRequest) -> Response:
+        body: ChatCompletionRequest = await self._body(req, ChatCompletionRequest)
+        model = self.service.model
+        try:
+            ids = model.chat_prompt([m.plain() for m in body.messages])
+        except TinydetError as e:
+            raise APIError(400, f"messages: {e}", param="messages") from None
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        top = (body.top_logprobs or 0) if body.logprobs else None
+        jobs, seed = self._jobs(body, [("", ids)], max_tokens, top, False, "messages")
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+
+        def content(entries):
+            out = []
+            for tok, lp, alts in entries:
+                s, b = self._token_str(tok)
+                out.append({"token": s, "logprob": lp, "bytes": b,
+                            "top_logprobs": [dict(zip(("token", "bytes"), self._token_str(a)), logprob=alp)
+                                             for a, alp in alts]})
+            return out
+
+        def final(jobs, seed, usage_only=False):
+            head = self._head("chat.completion", rid, created, seed)
+            if usage_only:
+                return {**self._head("chat.completion.chunk", rid, created, seed), "choices": [],
+                        "usage": self._usage(jobs, body.n)}
+            choices = [{"index": j.index, "message": {"role": "assistant", "content": "".join(j.text)},
+                        "logprobs": {"content": content(j.logprobs)} if j.top is not None else None,
+                        "finish_reason": self._reason(j), **self._extension(j, body)} for j in jobs]
+            return {**head, "choices": choices, "usage": self._usage(jobs, body.n)}
+
+        def chunks(jobs, msg, started, seed, include_usage):
+            kind, index, data = msg
+            if kind != "token":
+                return
+            job = next(j for j in jobs if j.index == index)
+            text, tok, lp, reason, result = data
+            head = self._head("chat.completion.chunk", rid, created, seed)
+            if include_usage:
+                head["usage"] = None
+            if index not in started:
+                started.add(index)
+                yield {**head, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
+                                            "logprobs": None, "finish_reason": None}]}
+            if text or lp is not None:
+                yield {**head, "choices": [{"index": index, "delta": {"content": text},
+                                            "logprobs": {"content": content([lp])} if lp is not None else None,
+                                            "finish_reason": None}]}
+            if reason is not None:
+                yield {**head, "choices": [{"index": index, "delta": {}, "logprobs": None,
+                                            "finish_reason": self._reason(job), **self._extension(job, body)}]}
+
+        return await self._run(req, body, jobs, seed, chunks, final)
+
+    # -- the rest ---------------------------------------------------------------------------------
+
+    async def models(self, req: HTTPRequest) -> Response:
+        self._auth(req)
+        return _json({"object": "list", "data": [
+            {"id": self.service.name, "object": "model", "created": self.service.created, "owned_by": "tinydet",
+             "system_fingerprint": self.service.fingerprint}]})
+
+    async def health(self, req: HTTPRequest) -> Response:
+        s = self.service
+        if s.state == "ready":
+            return _json({"status": "ok", "system_fingerprint": s.fingerprint})
+        body = {"status": s.state} if s.state == "loading" else {"status": "failed", "error": s.problem}
+        return _json(body, 503)
+
+    async def metrics(self, req: HTTPRequest) -> Response:
+        return Response(self.service.metrics.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+class _Middleware:
+    """Errors in OpenAI's shape, and one log line and one metrics count per request (a stream's once
+    it ends)."""
+
+    def __init__(self, app, service: Service):
+        self.app, self.service = app, service
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0 = time.perf_counter()
+        record = {"request_id": uuid.uuid4().hex, "method": scope["method"], "path": scope["path"],
+                  "client": (scope.get("client") or ("", 0))[0]}
+        status = {"code": 500}
+        state = scope.setdefault("state", {})
+        state["t_arrival"] = t0
+        state["log"] = record
+        logged = []
+
+        def done():
+            if logged:
+                return
+            logged.append(1)
+            code = status["code"]
+            record.update(status=code, duration_ms=round(1000 * (time.perf_counter() - t0), 3))
+            if record.get("disconnected"):
+                outcome = "disconnected"
+            else:
+                outcome = OUTCOMES.get(code, "error" if code >= 500 else "bad_request")
+            self.service.metrics.requests.labels(scope["path"], outcome).inc()
+            self.service.log.write(record)
+
+        state["log_done"] = done
+
+        async def send_wrapper(message):
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        except APIError as e:
+            record["error"] = e.message
+            status["code"] = e.status
+            await _json(e.body(), e.status, e.headers)(scope, receive, send)
+        except Exception as e:  # noqa: BLE001 - one request fails, the server goes on
+            record["error"] = f"{type(e).__name__}: {e}"
+            status["code"] = 500
+            body = APIError(500, f"internal error: {type(e).__name__}: {e}", type="server_error").body()
+            await _json(body, 500)(scope, receive, send)
+        finally:
+            if not state.get("log_deferred"):
+                done()
+
+
+def create_app(service: Service) -> Starlette:
+    """The ASGI app. Its lifespan starts the service (loading in the background) and stops it."""
+    a = _App(service)
+
+    async def not_found(req, exc):
+        e = APIError(exc.status_code, f"{req.method} {req.url.path}: "
+                                      f"{'no such endpoint' if exc.status_code == 404 else 'method not allowed'}",
+                     code="not_found" if exc.status_code == 404 else "method_not_allowed")
+        req.state.log["error"] = e.message
+        return _json(e.body(), e.status)
+
+    import contextlib
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        service.start()
+        yield
+        await asyncio.get_running_loop().run_in_executor(None, service.stop)
+
+    app = Starlette(routes=[
+        Route("/v1/models", a.models, methods=["GET"]),
+        Route("/v1/completions", a.completions, methods=["POST"]),
+        Route("/v1/chat/completions", a.chat_completions, methods=["POST"]),
+        Route("/health", a.health, methods=["GET"]),
+        Route("/metrics", a.metrics, methods=["GET"]),
+    ], exception_handlers={404: not_found, 405: not_found}, lifespan=lifespan)
+    app.add_middleware(_Middleware, service=service)
+    return app

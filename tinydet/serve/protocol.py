@@ -1,0 +1,183 @@
+"""The OpenAI request bodies `tinydet serve` takes, checked by pydantic (strict: "5" is not 5), and
+OpenAI's error shape.
+
+Fields OpenAI defines and tinydet does not implement are refused by name rather than ignored (a
+penalty or a logit bias silently dropped would be a silently different answer); unknown fields are
+refused as OpenAI refuses them. tinydet's own fields: `top_k`, `min_p` (as vLLM takes them),
+`system_fingerprint` (the fingerprint the client expects; another answers 409) and
+`return_token_ids` (each choice also lists its token ids).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..logprobs import MAX_TOP
+
+MAX_N = 16  # choices per prompt
+MAX_STOP = 4  # OpenAI's limit
+SEED_LIMIT = 1 << 64
+
+
+class APIError(Exception):
+    """An answer other than 200: HTTP status, OpenAI's error type, the field at fault, a code."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+Prob = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class _Sampling(_Body):
+    model: str
+    max_tokens: Annotated[int, Field(ge=0)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=0)] | None = None
+    min_p: Prob | None = None
+    seed: Annotated[int, Field(ge=0, lt=SEED_LIMIT)] | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict | None = None
+    system_fingerprint: str | None = None
+    return_token_ids: bool = False
+
+    @model_validator(mode="after")
+    def _unsupported(self):
+        for name in ("frequency_penalty", "presence_penalty"):
+            if getattr(self, name) not in (None, 0, 0.0):
+                raise APIError(400, f"{name}: not supported by tinydet (only 0)", param=name)
+        if self.logit_bias:
+            raise APIError(400, "logit_bias: not supported by tinydet", param="logit_bias")
+        if self.stream_options is not None and not self.stream:
+            raise APIError(400, "stream_options: only allowed when stream is true", param="stream_options")
+        return self
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
+
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | TokenIds | Annotated[list[str], Field(min_length=1)] | Annotated[list[TokenIds], Field(min_length=1)]
+    echo: bool = False
+    logprobs: Annotated[int, Field(ge=0, le=MAX_TOP)] | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @model_validator(mode="after")
+    def _completion(self):
+        if self.suffix:
+            raise APIError(400, "suffix: not supported by tinydet", param="suffix")
+        if self.best_of is not None and self.best_of != self.n:
+            raise APIError(400, "best_of: not supported by tinydet (only equal to n)", param="best_of")
+        if self.max_tokens == 0 and not self.echo:
+            raise APIError(400, "max_tokens: expected at least 1 (0 only with echo, to score the prompt)",
+                           param="max_tokens")
+        return self
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        return [p] if isinstance(p[0], int) else list(p)
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class Message(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def plain(self) -> dict:
+        c = self.content
+        text = c if isinstance(c, str) else "".join(p.text for p in c or [])
+        # OpenAI's newer name for the system role; chat templates know "system".
+        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+
+
+class ResponseFormat(_Body):
+    type: Literal["text"]
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: Annotated[list[Message], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP)] | None = None
+    response_format: ResponseFormat | None = None
+
+    @model_validator(mode="after")
+    def _chat(self):
+        if self.max_tokens == 0:
+            raise APIError(400, "max_tokens: expected at least 1", param="max_tokens")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError(400, "top_logprobs: needs logprobs set to true", param="top_logprobs")
+        return self
+
+
+def parse(cls: type[_Sampling], raw: bytes) -> _Sampling:
+    """The request body as `cls`, or APIError 400 naming the first field at fault."""
+    try:
+        return cls.model_validate_json(raw)
+    except ValidationError as e:
+        errors = e.errors(include_url=False)
+        if errors[0]["type"] == "json_invalid":
+            raise APIError(400, f"request body: not valid JSON ({errors[0]['msg']})") from None
+        # A union reports one error per member; the deepest one that is not a plain type mismatch
+        # says best what is wrong ("prompt[2]: >= 0" rather than "prompt: not a string").
+        first = errors[0]["loc"][:1]
+        err = max((x for x in errors if x["loc"][:1] == first),
+                  key=lambda x: (len(x["loc"]), not x["type"].endswith("_type")))
+        param = _param(err["loc"])
+        if err["type"] == "extra_forbidden":
+            raise APIError(400, f"{param}: unknown or unsupported field", param=param) from None
+        if err["type"] == "missing":
+            raise APIError(400, f"{param}: required", param=param) from None
+        raise APIError(400, f"{param or 'request body'}: {err['msg']}", param=param) from None
+
+
+def _param(loc: tuple) -> str | None:
+    """A pydantic error location as OpenAI names a field: messages[0].content."""
+    out = ""
+    for x in loc:
+        if isinstance(x, int):
+            out += f"[{x}]"
+        elif not ("[" in x or x in _UNION_TAGS):
+            out += ("." if out else "") + x
+    return out or None
+
+
+# Names pydantic puts into error locations for the members of a union.
+_UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "function-after", "constrained-int", "constrained-float",
+               "constrained-list", "TextPart", "StreamOptions", "ResponseFormat"}
