@@ -518,3 +518,63 @@ def test_metrics_names(stories_server):
                  "tinydet_canary_mismatches_total", "tinydet_prefix_cache_hits_total"):
         assert f"\n{name}" in text, name
     assert metric(url, "tinydet_kv_slots_total") == 4
+
+
+# -- the command ----------------------------------------------------------------------------------
+
+def test_cli_serve_sigterm_finishes_running_requests_and_exits_0(stories_path, tmp_path):
+    """`tinydet serve` as a user starts it: a port of its choosing, an API key, a log. SIGTERM while a
+    stream runs: the stream still ends with [DONE], new connections are refused, exit status 0, and
+    every request (refused ones too) is one line in the log."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    log = tmp_path / "serve.jsonl"
+    env = {**os.environ, "TINYDET_API_KEY": "k3y"}
+    proc = subprocess.Popen([sys.executable, "-m", "tinydet", "serve", "--model", str(stories_path), "--port", "0",
+                             "--log", str(log), "--canary-interval", "0"], stderr=subprocess.PIPE, text=True, env=env)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not any(re.search(r"on http://127\.0\.0\.1:(\d+)", x) for x in lines):
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.05)
+        port = next(re.search(r"on http://127\.0\.0\.1:(\d+)", x) for x in lines if "on http://" in x).group(1)
+        url = f"http://127.0.0.1:{port}"
+        assert wait_ready(url).status_code == 200
+        assert httpx.post(f"{url}/v1/completions", json=dict(model="stories260K.gguf", prompt="x")).status_code == 401
+        c = client(url, api_key="k3y")
+        assert [m.id for m in c.models.list()] == ["stories260K.gguf"]
+        stream = c.completions.create(model="stories260K.gguf", prompt="Once upon a time", max_tokens=1500,
+                                      temperature=0, stream=True)
+        first = next(stream)
+        proc.send_signal(signal.SIGTERM)
+        rest = list(stream)
+        assert rest[-1].choices[0].finish_reason == "length"
+        text = first.choices[0].text + "".join(ch.choices[0].text for ch in rest)
+        assert proc.wait(60) == 0
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{url}/health")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    want = tinydet_generate(stories_path, "Once upon a time", 1500)
+    assert text == want
+    records = [json.loads(x) for x in log.read_text().splitlines()]
+    http = [r for r in records if "path" in r]
+    assert [r["status"] for r in http if r["path"] == "/v1/completions"] == [401, 200]
+    assert any(r["path"] == "/v1/models" and r["status"] == 200 for r in http)
+    done = next(r for r in http if r["path"] == "/v1/completions" and r["status"] == 200)
+    assert done["choices"][0]["completion_tokens"] == 1500 and done["stream"] is True
+    assert any(r.get("event") == "canary" and r["result"] == "match" for r in records)
+
+
+def tinydet_generate(path, prompt, n):
+    import tinydet
+
+    return tinydet.load(path).generate(prompt, max_tokens=n).text

@@ -1,7 +1,8 @@
 """Log-probabilities from float32 logits rows, with the same bits on every machine.
 
 log p(i) = x_i - (m + log sum_j exp(x_j - m)), m = max x, in float64 with tinydet's own exp and log
-(NumPy's and libm's vary with the CPU path) and the sum taken left to right over the vocabulary.
+(NumPy's and libm's vary with the CPU path; here 64 lanes at a time), the sum in an order fixed by the
+vocabulary's size.
 The top alternatives are ordered by logit, ties to the lower id, as the sampler orders them.
 """
 
@@ -11,6 +12,8 @@ import numpy as np
 from numba import njit
 
 from .backends.cpu.mathfn import exp64, log64
+from .backends.cpu.simd import LANES, v_load
+from .backends.cpu.vmath import v_exp64_sum_sub
 from .errors import TinydetError
 
 MAX_TOP = 20  # OpenAI's limit for top_logprobs
@@ -18,13 +21,18 @@ MAX_TOP = 20  # OpenAI's limit for top_logprobs
 
 @njit(cache=True)
 def _log_norm(row):
-    """m + log sum exp(x - m) of one row."""
+    """m + log sum exp(x - m) of one row: the sum over 64-lane blocks (each block's lanes in order),
+    then the tail, left to right."""
     m = np.float64(row[0])
     for i in range(1, row.shape[0]):
         if row[i] > m:
             m = np.float64(row[i])
+    n = row.shape[0]
+    full = n - n % LANES
     s = 0.0
-    for i in range(row.shape[0]):
+    for b in range(0, full, LANES):
+        s += v_exp64_sum_sub(v_load(row, b), m)
+    for i in range(full, n):
         s += exp64(np.float64(row[i]) - m)
     return m + log64(s)
 

@@ -46,14 +46,17 @@ class PrefixCache:
         self.queries += 1
         if not self.max_bytes:
             return 0
-        n = 0
-        for b, key in enumerate(block_keys(ids, cache.block, limit // cache.block)):
+        found = []
+        for key in block_keys(ids, cache.block, limit // cache.block):
             data = self._blocks.get(key)
             if data is None:
                 break
             self._blocks.move_to_end(key)
+            found.append(data)
+        n = len(found) * cache.block
+        cache.grow(n)  # once, not block by block
+        for b, data in enumerate(found):
             cache.write_block(slot, b, data)
-            n = (b + 1) * cache.block
         if n:
             self.hits += 1
             self.hit_tokens += n

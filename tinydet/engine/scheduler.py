@@ -92,8 +92,8 @@ class _Running:
 class Engine:
     """Continuous batching over one backend: up to `max_batch` sequences in flight, KV-cache slots
     reused as sequences finish, prompts prefilled under a budget of `step_tokens` tokens per step
-    (None: a joining prompt goes in whole). The cache grows as requests need (up to the model's
-    context length); `capacity` presizes it. `prefix_cache_bytes` > 0 keeps the keys and values of
+    (None: a joining prompt goes in whole). The cache grows as sequences get longer (up to the
+    model's context length); `capacity` presizes it. `prefix_cache_bytes` > 0 keeps the keys and values of
     prompts (and of what was generated after them) for later requests that start the same way
     (`prefix.PrefixCache`); the counters in `stats` say how much prefill it saved."""
 
@@ -226,9 +226,6 @@ class Engine:
             while self._waiting and self._free:
                 h, t_submit = self._waiting.popleft()
                 r = h.request
-                need = len(r.prompt_ids) + r.max_tokens
-                if need > self.cache.capacity:
-                    self.cache.grow(max(need, min(2 * self.cache.capacity, self.backend.config.context_length)))
                 slot = self._free.pop()
                 self.cache.reset(slot)
                 # At least the prompt's last token is computed: its logits row picks the first token.
@@ -259,6 +256,11 @@ class Engine:
             self.stats["prompt_tokens_computed"] += n
             if budget is not None:
                 budget -= n
+        # The cache grows (doubling, up to the context) as sequences reach its end, not when they are
+        # admitted: a request's max_tokens is a limit, not a reservation in every slot.
+        need = max(int(self.cache.lengths[slot]) + len(toks) for slot, toks, _ in items)
+        if need > self.cache.capacity:
+            self.cache.grow(max(need, min(2 * self.cache.capacity, self.backend.config.context_length)))
         logits = self.backend.forward_batch(items, self.cache)
         self.stats["steps"] += 1
         for s, rows in zip(seqs, logits):

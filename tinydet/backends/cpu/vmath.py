@@ -75,6 +75,24 @@ def v_exp32_sub(typingctx, v, m):
 
 
 @intrinsic
+def v_exp64_sum_sub(typingctx, v, m):
+    """sum_j exp64(v_j - m) over the lanes, in float64, added lane 0 first (log-probabilities'
+    normalizer). The clamp at -708 adds exp(-708) < 1e-307 where exp64 gives 0: nothing, beside the
+    term exp(0) = 1 that the sum always holds when m is the row's max."""
+    if not (v == _F32V and m == types.float64):
+        return None
+
+    def codegen(context, builder, sig, args):
+        e = _exp64_lanes_d(builder, builder.fsub(builder.fpext(args[0], _VD), broadcast(builder, _VD, args[1])))
+        s = builder.extract_element(e, ir.Constant(ir.IntType(32), 0))
+        for j in range(1, LANES):
+            s = builder.fadd(s, builder.extract_element(e, ir.Constant(ir.IntType(32), j)))
+        return s
+
+    return types.float64(v, m), codegen
+
+
+@intrinsic
 def v_tanh32(typingctx, v):
     """mathfn.tanh32 lane by lane: in float64, t = 1 - 2 / (e**(2|x|) + 1) with e** as exp64, the sign
     of x, rounded once to float32. exp64's clamp at 709 changes nothing: beyond it t is 1.0 either way."""
