@@ -8,6 +8,7 @@ thread calls; the listener also turns logits rows into log-probabilities there, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import secrets
@@ -17,17 +18,16 @@ from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request as HTTPRequest
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from ..engine import Request
 from ..errors import ContextLengthError, TinydetError
-from ..hashing import hash_ids
+from ..hashing import hash_ids, hash_logits
 from ..logprobs import token_logprobs
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, parse
 from .service import Service
 
-_EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 OUTCOMES = {200: "success", 400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "bad_request",
             409: "fingerprint_mismatch", 413: "bad_request", 429: "overloaded", 500: "error", 503: "unavailable"}
 
@@ -68,6 +68,14 @@ class _Listener:
         self.next_prompt = 1  # the prompt token the next prompt row predicts
 
     def __call__(self, handle, ev) -> None:
+        try:
+            msg = self._message(handle, ev)
+        except Exception as e:  # noqa: BLE001 - the request fails with it (500), the engine goes on
+            handle.cancel()
+            msg = ("error", self.job.index, e)
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, msg)
+
+    def _message(self, handle, ev) -> tuple:
         job, m = self.job, self.app.service.metrics
         if ev is None:
             msg = ("error", job.index, handle.error)
@@ -89,14 +97,14 @@ class _Listener:
                 self.t_prev = now
             lp = None
             if ev.token is not None and job.top is not None and not job.drop_token:
-                lp = (ev.token, *token_logprobs(ev.logits[0] if ev.logits.ndim == 2 else ev.logits, ev.token, job.top))
+                lp = (ev.token, *token_logprobs(ev.logits, ev.token, job.top))
             if ev.result is not None:
                 m.e2e.observe(now - self.t_arrival)
                 m.queue_time.observe(ev.result.queue_seconds)
                 if ev.finish_reason != "cancelled":
                     m.finished.labels(ev.finish_reason).inc()
             msg = ("token", job.index, (ev.text, ev.token, lp, ev.finish_reason, ev.result))
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, msg)
+        return msg
 
 
 class _App:
@@ -288,7 +296,7 @@ class _App:
         g = job.result
         out = {"output_hash": g.output_hash, "logits_hash": g.logits_hash}
         if job.drop_token:
-            out = {"output_hash": hash_ids([]), "logits_hash": _EMPTY_SHA256}
+            out = {"output_hash": hash_ids([]), "logits_hash": hash_logits([])}  # no token is answered
         if body.return_token_ids:
             out["token_ids"] = list(job.tokens)
             out["prompt_token_ids"] = list(job.request.prompt_ids)
@@ -530,8 +538,6 @@ def create_app(service: Service) -> Starlette:
                      code="not_found" if exc.status_code == 404 else "method_not_allowed")
         req.state.log["error"] = e.message
         return _json(e.body(), e.status)
-
-    import contextlib
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
