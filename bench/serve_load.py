@@ -59,7 +59,8 @@ def prompts(tokenizer_model: str, n: int, length: int = 128) -> list[list[int]]:
 
 
 class Server:
-    def __init__(self, spec: str, files: dict, clients: int, threads: int, llama_server: str | None):
+    def __init__(self, spec: str, files: dict, clients: int, threads: int, llama_server: str | None,
+                 tinydet_args: str = ""):
         self.spec, self.port = spec, free_port()
         kind, what = spec.split(":")
         if kind == "llama":
@@ -70,7 +71,7 @@ class Server:
             f = files["Q4_1"] if what == "native" else files["F32"]
             cmd = [sys.executable, "-m", "tinydet", "serve", "--model", f, "--dtype", what, "--threads",
                    str(threads), "--max-batch", str(clients), "--max-queue", "1024", "--port", str(self.port),
-                   "--canary-interval", "0", "--served-model-name", "m"]
+                   "--canary-interval", "0", "--served-model-name", "m", *tinydet_args.split()]
         self.cmd = cmd
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.url = f"http://127.0.0.1:{self.port}"
@@ -159,6 +160,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--engines", default="llama:F32,tinydet:fp32,llama:F16,tinydet:fp16,llama:Q4_1,tinydet:native")
     ap.add_argument("--no-batch", action="store_true", help="skip the generate_batch comparison")
+    ap.add_argument("--tinydet-args", default="", help="more options for `tinydet serve`, e.g. '--prefill-chunk 512'")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     files = {"F32": a.f32, "F16": a.f16, "Q4_1": a.q41}
@@ -174,7 +176,7 @@ def main() -> None:
             reqs = [pool[i * a.requests:(i + 1) * a.requests] for i in range(c)]
             order = engines[rnd % len(engines):] + engines[:rnd % len(engines)]
             for spec in order:
-                srv = Server(spec, files, c, a.threads, a.llama_server)
+                srv = Server(spec, files, c, a.threads, a.llama_server, a.tinydet_args)
                 try:
                     run_level(srv.url, [[warm]], a.new_tokens)  # warm-up, excluded
                     wall, res = run_level(srv.url, reqs, a.new_tokens)

@@ -404,6 +404,17 @@ def test_unknown_endpoint_and_method(stories_server):
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
 
 
+def test_models_and_oversized_bodies(stories_server):
+    url, _ = stories_server
+    c = client(url)
+    assert [m.id for m in c.models.list()] == [NAME] and c.models.retrieve(NAME).id == NAME
+    with pytest.raises(openai.NotFoundError):
+        c.models.retrieve("other")
+    r = httpx.post(f"{url}/v1/completions", content=b'{"model": "m", "prompt": "' + b"a" * (17 << 20) + b'"}',
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+
+
 def test_api_key(stories):
     with serving(stories, api_key="s3cret") as (url, _):
         for headers in ({}, {"Authorization": "Bearer wrong"}):

@@ -28,6 +28,7 @@ from ..logprobs import token_logprobs
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, parse
 from .service import Service
 
+MAX_BODY = 16 << 20  # bytes; a prompt the context can hold is far smaller
 OUTCOMES = {200: "success", 400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "bad_request",
             409: "fingerprint_mismatch", 413: "bad_request", 429: "overloaded", 500: "error", 503: "unavailable"}
 
@@ -126,10 +127,15 @@ class _App:
     async def _body(self, req: HTTPRequest, cls):
         self._auth(req)
         self.service.check_ready()
+        raw = bytearray()
         try:
-            raw = await req.body()
+            async for part in req.stream():
+                raw += part
+                if len(raw) > MAX_BODY:
+                    raise APIError(413, f"request body: larger than {MAX_BODY >> 20} MiB", code="body_too_large")
         except ClientDisconnect:
             raise APIError(400, "the client went away before sending the body") from None
+        raw = bytes(raw)
         body = parse(cls, raw)
         req.state.log.update(model=body.model, stream=body.stream, n=body.n)
         if body.model != self.service.name:
@@ -462,6 +468,14 @@ class _App:
             {"id": self.service.name, "object": "model", "created": self.service.created, "owned_by": "tinydet",
              "system_fingerprint": self.service.fingerprint}]})
 
+    async def model(self, req: HTTPRequest) -> Response:
+        self._auth(req)
+        name = req.path_params["name"]
+        if name != self.service.name:
+            raise APIError(404, f"model: {name!r} is not served here", param="model", code="model_not_found")
+        return _json({"id": name, "object": "model", "created": self.service.created, "owned_by": "tinydet",
+                      "system_fingerprint": self.service.fingerprint})
+
     async def health(self, req: HTTPRequest) -> Response:
         s = self.service
         if s.state == "ready":
@@ -547,6 +561,7 @@ def create_app(service: Service) -> Starlette:
 
     app = Starlette(routes=[
         Route("/v1/models", a.models, methods=["GET"]),
+        Route("/v1/models/{name:path}", a.model, methods=["GET"]),
         Route("/v1/completions", a.completions, methods=["POST"]),
         Route("/v1/chat/completions", a.chat_completions, methods=["POST"]),
         Route("/health", a.health, methods=["GET"]),
