@@ -8,8 +8,8 @@ A storage type provides, to the shared drivers:
   units(W)            decode units of 32 outputs (a float panel is two, a quantized panel one)
   groups(W)           prefill groups of 64 outputs (a float panel, or a pair of quantized panels)
   gemv_units(...)     token 0 times units u0 .. u1 (decode; the thread's share)
-  prefill_group(...)  tokens ta .. tb times group g (prefill: quantized panels are dequantized once
-                      into a float32 buffer, by the operations above, then tiled like float panels)
+  prefill_group(...)  tokens ta .. tb times group g (prefill: quantized panels are dequantized, and
+                      fp16 panels widened, once into a float32 buffer, then tiled like float panels)
   tiling(W)           (tokens per tile, tiles per job) for prefill: only the split of work
   layer(W, li)        layer li of a matrix kind stacked over layers
 """
@@ -22,7 +22,7 @@ from numba.extending import overload
 
 from .layout import QBLOCK, QPanels, as_storage
 from .qblocks import q_dequantize_pair, q_element, q_unit
-from .simd import HALF, LANES, widen
+from .simd import HALF, LANES, v_load, v_store, widen
 from .tiles import dot1, dot1_half, put, tiles4, tiles6
 
 
@@ -57,10 +57,10 @@ def tiling(w):
 
 @overload(tiling)
 def _tiling(w):
-    # Float panels are read from memory: 4 tokens per pass (16 zmm accumulators) measured fastest.
-    # A dequantized pair sits in a cache-resident buffer: 6 tokens, and up to 16 tiles per job so
-    # that each pair is dequantized once for many tokens.
-    if isinstance(w, types.BaseTuple):
+    # fp32 panels are read from memory: 4 tokens per pass (16 zmm accumulators) measured fastest.
+    # A dequantized pair, or an fp16 panel widened, sits in a cache-resident buffer: 6 tokens, and up
+    # to 16 tiles per job so that each panel is converted once for many tokens.
+    if isinstance(w, types.BaseTuple) or w.dtype == types.uint16:
         return lambda w: (6, 16)
     return lambda w: (4, 8)
 
@@ -107,6 +107,16 @@ def _prefill_group(x, w, g, ta, tb, n_out, out):
             q_dequantize_pair(w[0], w[1], w[2], g, wbuf)
             tiles6(x, ta, tb, wbuf, 0, g * LANES, n_out, out)
         return quantized
+    if w.dtype == types.uint16:
+        # fp16 panels: the group's panel widened (exactly) once into a cache-resident float32 buffer
+        # for all the job's tokens, instead of at every load of every tile.
+        def half(x, w, g, ta, tb, n_out, out):
+            K = x.shape[1]
+            wbuf = np.empty(K * LANES, np.float32)
+            for k in range(K):
+                v_store(wbuf, k * LANES, v_load(w, (g * K + k) * LANES))
+            tiles6(x, ta, tb, wbuf, 0, g * LANES, n_out, out)
+        return half
     return lambda x, w, g, ta, tb, n_out, out: tiles4(x, ta, tb, w, g * x.shape[1] * LANES, g * LANES, n_out, out)
 
 
