@@ -477,6 +477,36 @@ def test_engine_failure_is_a_500_and_the_server_goes_on(stories):
         assert metric(url, 'tinydet_requests_total{endpoint="/v1/completions",outcome="error"}') == 1
 
 
+def test_engine_failure_mid_stream_ends_the_stream_with_an_error(stories):
+    """After the 200 has gone out, a failure reaches the client as an error event, then [DONE]; the
+    request counts as an error and the server goes on."""
+    with serving(stories, max_batch=2) as (url, service):
+        passes = []
+
+        def broken(layer, op, pos, slots, rows):
+            if op == "logits":
+                passes.append(1)
+                if len(passes) == 3:  # the pass after the prompt's and the second token's
+                    raise RuntimeError("injected fault")
+
+        stories.backend.hooks.append(broken)
+        try:
+            body = dict(model=NAME, prompt="Once upon a time", max_tokens=50, temperature=0, stream=True)
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as resp:
+                assert resp.status_code == 200
+                lines = [x for x in resp.iter_lines() if x]
+        finally:
+            stories.backend.hooks.remove(broken)
+        assert lines[-1] == "data: [DONE]"
+        err = json.loads(lines[-2][6:])["error"]
+        assert "injected fault" in err["message"] and err["type"] == "server_error"
+        assert [json.loads(x[6:])["choices"][0]["text"] for x in lines[:-2]] == [",", " there"]
+        assert metric(url, 'tinydet_requests_total{endpoint="/v1/completions",outcome="error"}') == 1
+        assert service.engine.counts == (0, 0)
+        r = httpx.post(f"{url}/v1/completions", json=dict(model=NAME, prompt="Tom", max_tokens=5, temperature=0))
+        assert r.json()["choices"][0]["text"] == solo(stories, "Tom", 5).text
+
+
 def test_health_is_503_while_loading(stories):
     release = threading.Event()
 

@@ -263,9 +263,10 @@ class _App:
                     msg = await next_message(poll=False)
                     try:
                         take(msg)
-                    except APIError as e:
+                    except APIError as e:  # after the 200: the error goes into the stream
                         yield f"data: {_dumps(e.body())}\n\n"
-                        req.state.log["error"] = e.message
+                        req.state.log.update(error=e.message, outcome="error")
+                        live.clear()
                         break
                     for chunk in render_chunk(jobs, msg, sent_first, seed, include_usage):
                         yield f"data: {_dumps(chunk)}\n\n"
@@ -512,10 +513,8 @@ class _Middleware:
             logged.append(1)
             code = status["code"]
             record.update(status=code, duration_ms=round(1000 * (time.perf_counter() - t0), 3))
-            if record.get("disconnected"):
-                outcome = "disconnected"
-            else:
-                outcome = OUTCOMES.get(code, "error" if code >= 500 else "bad_request")
+            outcome = record.get("outcome") or ("disconnected" if record.get("disconnected") else
+                                                OUTCOMES.get(code, "error" if code >= 500 else "bad_request"))
             self.service.metrics.requests.labels(scope["path"], outcome).inc()
             self.service.log.write(record)
 

@@ -108,10 +108,14 @@ def _prefill_group(x, w, g, ta, tb, n_out, out):
             tiles6(x, ta, tb, wbuf, 0, g * LANES, n_out, out)
         return quantized
     if w.dtype == types.uint16:
-        # fp16 panels: the group's panel widened (exactly) once into a cache-resident float32 buffer
-        # for all the job's tokens, instead of at every load of every tile.
+        # fp16 panels: for a prompt's many tokens, the group's panel is widened (exactly) once into a
+        # cache-resident float32 buffer instead of at every load of every tile; a batch of a few
+        # decoding sequences reads the panel directly (measured faster below 16 tokens).
         def half(x, w, g, ta, tb, n_out, out):
             K = x.shape[1]
+            if tb - ta < 16:
+                tiles4(x, ta, tb, w, g * K * LANES, g * LANES, n_out, out)
+                return
             wbuf = np.empty(K * LANES, np.float32)
             for k in range(K):
                 v_store(wbuf, k * LANES, v_load(w, (g * K + k) * LANES))
