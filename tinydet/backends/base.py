@@ -60,7 +60,8 @@ class KVCache(ABC):
 
     @abstractmethod
     def write_block(self, slot: int, b: int, data: tuple[np.ndarray, ...]) -> None:
-        """Put what `read_block` returned at block `b` of `slot` (the slot's length is the caller's)."""
+        """Put what `read_block` returned at block `b` of `slot`; the cache must already hold it (`grow`
+        first), and the slot's length is the caller's to set."""
 
     @property
     @abstractmethod

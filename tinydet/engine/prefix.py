@@ -54,7 +54,7 @@ class PrefixCache:
             self._blocks.move_to_end(key)
             found.append(data)
         n = len(found) * cache.block
-        cache.grow(n)  # once, not block by block
+        cache.grow(n)  # once, not block by block (write_block does not grow)
         for b, data in enumerate(found):
             cache.write_block(slot, b, data)
         if n:

@@ -115,7 +115,7 @@ class Engine:
         self._ids = itertools.count(1)
         self._step_lock = threading.Lock()
         self.prefix = PrefixCache(prefix_cache_bytes)
-        self.stats = dict(steps=0, prompt_tokens_computed=0, generated_tokens=0)
+        self.stats = dict(steps=0, prompt_tokens_computed=0)
 
     # -- any thread -------------------------------------------------------------------------------
 
@@ -294,7 +294,6 @@ class Engine:
         if done:
             self.prefix.store(self.cache, s.slot, s.state.prompt_ids, len(s.state.prompt_ids))
         piece, reason = s.state.push(tok, row)
-        self.stats["generated_tokens"] += 1
         ev = Event(s.handle.id, piece, tok, row if s.handle.request.logits else None, reason)
         with self._lock:
             if reason is not None:

@@ -207,6 +207,7 @@ class _App:
                         raise ClientDisconnect() from None
 
         def take(msg) -> tuple[_Job, tuple | None]:
+            """Record a message on its job: (the job, the token message's data, or None for prompt rows)."""
             kind, index, data = msg
             job = by_index[index]
             if kind == "error":
@@ -226,25 +227,12 @@ class _App:
                 live.discard(index)
             return job, data
 
-        if not body.stream:
-            try:
-                while live:
-                    take(await next_message(poll=True))
-            except ClientDisconnect:
-                cancel_all()
-                req.state.log["disconnected"] = True
-                return Response(status_code=499)
-            except BaseException:
-                cancel_all()
-                raise
-            self._log_choices(req, jobs)
-            return _json(render_final(jobs, seed))
-
-        # Streaming: wait for the first message before answering, so a request that fails at once
-        # gets its error status rather than a 200 stream.
+        # Streaming waits for the first message only before answering, so a request that fails at
+        # once gets its error status rather than a 200 stream.
         try:
-            first = await next_message(poll=True)
-            take(first)
+            first = take(await next_message(poll=True))
+            while live and not body.stream:
+                take(await next_message(poll=True))
         except ClientDisconnect:
             cancel_all()
             req.state.log["disconnected"] = True
@@ -252,25 +240,30 @@ class _App:
         except BaseException:
             cancel_all()
             raise
+        if not body.stream:
+            self._log_choices(req, jobs)
+            return _json(render_final(jobs, seed))
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
         async def events():
-            sent_first = set()
+            started, failed = set(), False
             try:
-                for chunk in render_chunk(jobs, first, sent_first, seed, include_usage):
-                    yield f"data: {_dumps(chunk)}\n\n"
-                while live:
-                    msg = await next_message(poll=False)
+                job, data = first
+                while True:
+                    if data is not None:  # a token message (prompt rows have no chunk of their own)
+                        for chunk in render_chunk(job, data, started, seed, include_usage):
+                            yield f"data: {_dumps(chunk)}\n\n"
+                    if not live:
+                        break
                     try:
-                        take(msg)
+                        job, data = take(await next_message(poll=False))
                     except APIError as e:  # after the 200: the error goes into the stream
                         yield f"data: {_dumps(e.body())}\n\n"
                         req.state.log.update(error=e.message, outcome="error")
+                        failed = True
                         live.clear()
                         break
-                    for chunk in render_chunk(jobs, msg, sent_first, seed, include_usage):
-                        yield f"data: {_dumps(chunk)}\n\n"
-                else:
+                if not failed:
                     if include_usage:
                         yield f"data: {_dumps(render_final(jobs, seed, usage_only=True))}\n\n"
                     self._log_choices(req, jobs)
@@ -373,12 +366,9 @@ class _App:
                                 "logprobs": lp, "finish_reason": self._reason(j), **self._extension(j, body)})
             return {**head, "choices": choices, "usage": self._usage(jobs, body.n)}
 
-        def chunks(jobs, msg, started, seed, include_usage):
-            kind, index, data = msg
-            job = next(j for j in jobs if j.index == index)
-            if kind != "token":
-                return
-            text, tok, lp, reason, result = data
+        def chunks(job, data, started, seed, include_usage):
+            text, tok, lp, reason, _ = data
+            index = job.index
             pieces, entries, with_prompt = [], [], False
             if index not in started:
                 started.add(index)
@@ -438,12 +428,9 @@ class _App:
                         "finish_reason": self._reason(j), **self._extension(j, body)} for j in jobs]
             return {**head, "choices": choices, "usage": self._usage(jobs, body.n)}
 
-        def chunks(jobs, msg, started, seed, include_usage):
-            kind, index, data = msg
-            if kind != "token":
-                return
-            job = next(j for j in jobs if j.index == index)
-            text, tok, lp, reason, result = data
+        def chunks(job, data, started, seed, include_usage):
+            text, tok, lp, reason, _ = data
+            index = job.index
             head = self._head("chat.completion.chunk", rid, created, seed)
             if include_usage:
                 head["usage"] = None
@@ -463,19 +450,21 @@ class _App:
 
     # -- the rest ---------------------------------------------------------------------------------
 
+    def _card(self) -> dict:
+        s = self.service
+        return {"id": s.name, "object": "model", "created": s.created, "owned_by": "tinydet",
+                "system_fingerprint": s.fingerprint}
+
     async def models(self, req: HTTPRequest) -> Response:
         self._auth(req)
-        return _json({"object": "list", "data": [
-            {"id": self.service.name, "object": "model", "created": self.service.created, "owned_by": "tinydet",
-             "system_fingerprint": self.service.fingerprint}]})
+        return _json({"object": "list", "data": [self._card()]})
 
     async def model(self, req: HTTPRequest) -> Response:
         self._auth(req)
         name = req.path_params["name"]
         if name != self.service.name:
             raise APIError(404, f"model: {name!r} is not served here", param="model", code="model_not_found")
-        return _json({"id": name, "object": "model", "created": self.service.created, "owned_by": "tinydet",
-                      "system_fingerprint": self.service.fingerprint})
+        return _json(self._card())
 
     async def health(self, req: HTTPRequest) -> Response:
         s = self.service

@@ -156,10 +156,10 @@ class Service:
         baseline. (native computes fp32's bits, so fp32 cases serve it too.)"""
         m = self.model
         fits = lambda d: d == m.dtype or (d == "fp32" and m.dtype == "native")  # noqa: E731
-        keys = ("prompt", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed")
-        if self.canary_file:
-            from ..tools.golden import read_golden
+        from ..tools.golden import SETTINGS, read_golden
 
+        keys = [k for k in SETTINGS if k != "dtype"]  # a golden case's request, as Model.request takes it
+        if self.canary_file:
             data = read_golden(self.canary_file)
             if data["model_sha256"] != m.sha256:
                 raise TinydetError(f"--canary {self.canary_file}: its hashes are for the model with SHA-256 "

@@ -125,7 +125,6 @@ class CPUKVCache(KVCache):
         return self.k[:, slot, :, b].copy(), self.v[:, slot, b * ATILE:(b + 1) * ATILE].copy()
 
     def write_block(self, slot: int, b: int, data: tuple[np.ndarray, np.ndarray]) -> None:
-        self.grow((b + 1) * ATILE)
         self.k[:, slot, :, b], self.v[:, slot, b * ATILE:(b + 1) * ATILE] = data
 
 

@@ -10,7 +10,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import mathfn
-from .simd import _F32V, _VD, _VF, _VI64, LANES, _splat, broadcast
+from .simd import _F32V, _I32, _VD, _VF, _VI64, LANES, _splat, broadcast
 
 
 def _dconst(x):
@@ -84,9 +84,9 @@ def v_exp64_sum_sub(typingctx, v, m):
 
     def codegen(context, builder, sig, args):
         e = _exp64_lanes_d(builder, builder.fsub(builder.fpext(args[0], _VD), broadcast(builder, _VD, args[1])))
-        s = builder.extract_element(e, ir.Constant(ir.IntType(32), 0))
+        s = builder.extract_element(e, ir.Constant(_I32, 0))
         for j in range(1, LANES):
-            s = builder.fadd(s, builder.extract_element(e, ir.Constant(ir.IntType(32), j)))
+            s = builder.fadd(s, builder.extract_element(e, ir.Constant(_I32, j)))
         return s
 
     return types.float64(v, m), codegen
