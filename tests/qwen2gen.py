@@ -1,7 +1,7 @@
-"""Tiny Qwen2 checkpoints made here, deterministically, for tests.
+"""Tiny Qwen2 and Qwen3 checkpoints made here, deterministically, for tests.
 
-No Qwen2 checkpoint can be fetched on the project's machines, so this module makes one: the same random
-weights written as
+No Qwen2 or Qwen3 checkpoint can be fetched on the project's machines, so this module makes them (`arch`
+"qwen2", the default, or "qwen3"): the same random weights written as
 
 * a Hugging Face directory (`write_hf_dir`): model.safetensors written by transformers'
   `Qwen2ForCausalLM.save_pretrained` (fp32), plus config.json, generation_config.json, tokenizer.json,
@@ -11,6 +11,12 @@ weights written as
   llama.cpp's convert_hf_to_gguf.py writes them (alignment 32, 1-D tensors F32, Q/K *not* permuted:
   Qwen2 is a NEOX-RoPE architecture), optionally with its 2-D matrices quantized by gguf-py
   (`quant="q8_0"`, `"q4_0"`, ...).
+
+Qwen3 differs as Qwen3's published repos and llama.cpp's converter do: no q/k/v biases, an RMSNorm
+weight per head of q and of k (`self_attn.q_norm` / `k_norm`, GGUF `attn_q_norm` / `attn_k_norm`), a
+head_dim of its own (here 32, so q_dim = 128 is not the hidden size 64: config.json `head_dim`, GGUF
+`qwen3.attention.key_length` / `value_length`), `attention_bias: false`; the tokenizer, the chat
+template (Qwen2's ChatML) and every other setting are shared.
 
 The tokenizer is a real byte-level BPE with Qwen2's pre-tokenizer, trained here by a small deterministic
 BPE trainer on `TRAINING_TEXT`, with Qwen2's special tokens added after the base vocabulary (as Qwen does)
@@ -40,6 +46,7 @@ LAYERS = 2
 HEADS = 4
 KV_HEADS = 2
 HEAD_DIM = HIDDEN // HEADS  # 16
+QWEN3_HEAD_DIM = 32  # Qwen3's own head_dim: q_dim = 128 != HIDDEN
 FFN = 160  # not a multiple of 64, on purpose (still a multiple of 32, the GGML block size)
 VOCAB = 512  # the embedding's rows; the tokenizer has fewer tokens (Qwen pads its embedding too)
 CONTEXT = 512
@@ -228,10 +235,17 @@ def hf_tokenizer():
 # ---------------------------------------------------------------------------------------------------
 # Config and weights
 
-def config_json(tied: bool = False) -> dict:
-    """config.json in the form of Qwen's published Qwen2.5 configs (transformers 4.x keys)."""
-    return {
-        "architectures": ["Qwen2ForCausalLM"],
+ARCHS = {"qwen2": "Qwen2", "qwen3": "Qwen3"}
+
+
+def head_dim(arch: str = "qwen2") -> int:
+    return QWEN3_HEAD_DIM if arch == "qwen3" else HEAD_DIM
+
+
+def config_json(tied: bool = False, arch: str = "qwen2") -> dict:
+    """config.json in the form of Qwen's published Qwen2.5 (Qwen3) configs (transformers 4.x keys)."""
+    c = {
+        "architectures": [f"{ARCHS[arch]}ForCausalLM"],
         "attention_dropout": 0.0,
         "bos_token_id": token_id("<|endoftext|>"),
         "eos_token_id": token_id("<|im_end|>"),
@@ -241,7 +255,7 @@ def config_json(tied: bool = False) -> dict:
         "intermediate_size": FFN,
         "max_position_embeddings": CONTEXT,
         "max_window_layers": LAYERS,
-        "model_type": "qwen2",
+        "model_type": arch,
         "num_attention_heads": HEADS,
         "num_hidden_layers": LAYERS,
         "num_key_value_heads": KV_HEADS,
@@ -254,6 +268,10 @@ def config_json(tied: bool = False) -> dict:
         "use_sliding_window": False,
         "vocab_size": VOCAB,
     }
+    if arch == "qwen3":
+        c.update(attention_bias=False, head_dim=QWEN3_HEAD_DIM)
+        c = dict(sorted(c.items()))
+    return c
 
 
 def generation_config_json() -> dict:
@@ -261,28 +279,31 @@ def generation_config_json() -> dict:
     return {"bos_token_id": eot, "eos_token_id": [token_id("<|im_end|>"), eot], "pad_token_id": eot}
 
 
-def state_dict(tied: bool = False, seed: int = 0) -> dict[str, np.ndarray]:
-    """The weights under transformers' Qwen2ForCausalLM names, float32, drawn in this fixed order."""
+def state_dict(tied: bool = False, seed: int = 0, arch: str = "qwen2") -> dict[str, np.ndarray]:
+    """The weights under transformers' Qwen2ForCausalLM (Qwen3ForCausalLM) names, float32, drawn in this
+    fixed order."""
     rs = np.random.RandomState(seed)
 
     def normal(shape, std):
         return (rs.standard_normal(shape) * std).astype(np.float32)
 
-    def norm():
-        return (1.0 + rs.standard_normal(HIDDEN) * NORM_STD).astype(np.float32)
+    def norm(n=HIDDEN):
+        return (1.0 + rs.standard_normal(n) * NORM_STD).astype(np.float32)
 
-    kv = KV_HEADS * HEAD_DIM
+    hd = head_dim(arch)
+    q, kv = HEADS * hd, KV_HEADS * hd
     sd = {"model.embed_tokens.weight": normal((VOCAB, HIDDEN), EMBED_STD)}
     for i in range(LAYERS):
         p = f"model.layers.{i}."
         sd[p + "input_layernorm.weight"] = norm()
-        sd[p + "self_attn.q_proj.weight"] = normal((HEADS * HEAD_DIM, HIDDEN), MATRIX_STD)
-        sd[p + "self_attn.q_proj.bias"] = normal((HEADS * HEAD_DIM,), BIAS_STD)
-        sd[p + "self_attn.k_proj.weight"] = normal((kv, HIDDEN), MATRIX_STD)
-        sd[p + "self_attn.k_proj.bias"] = normal((kv,), BIAS_STD)
-        sd[p + "self_attn.v_proj.weight"] = normal((kv, HIDDEN), MATRIX_STD)
-        sd[p + "self_attn.v_proj.bias"] = normal((kv,), BIAS_STD)
-        sd[p + "self_attn.o_proj.weight"] = normal((HIDDEN, HEADS * HEAD_DIM), MATRIX_STD)
+        for x, rows in (("q", q), ("k", kv), ("v", kv)):
+            sd[p + f"self_attn.{x}_proj.weight"] = normal((rows, HIDDEN), MATRIX_STD)
+            if arch == "qwen2":
+                sd[p + f"self_attn.{x}_proj.bias"] = normal((rows,), BIAS_STD)
+        if arch == "qwen3":
+            sd[p + "self_attn.q_norm.weight"] = norm(hd)
+            sd[p + "self_attn.k_norm.weight"] = norm(hd)
+        sd[p + "self_attn.o_proj.weight"] = normal((HIDDEN, q), MATRIX_STD)
         sd[p + "post_attention_layernorm.weight"] = norm()
         sd[p + "mlp.gate_proj.weight"] = normal((FFN, HIDDEN), MATRIX_STD)
         sd[p + "mlp.up_proj.weight"] = normal((FFN, HIDDEN), MATRIX_STD)
@@ -313,14 +334,17 @@ def write_tokenizer_files(hf_dir: Path) -> None:
                                        encoding="utf-8", newline="\n")
 
 
-def hf_model(tied: bool = False, seed: int = 0):
-    """The transformers Qwen2ForCausalLM (float32, eval mode) holding `state_dict(tied, seed)`."""
+def hf_model(tied: bool = False, seed: int = 0, arch: str = "qwen2"):
+    """The transformers Qwen2ForCausalLM / Qwen3ForCausalLM (float32, eval mode) holding
+    `state_dict(tied, seed, arch)`."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    import transformers
 
-    cfg = {k: v for k, v in config_json(tied).items() if k not in ("architectures", "model_type", "torch_dtype")}
-    model = Qwen2ForCausalLM(Qwen2Config(**cfg)).to(torch.float32)
-    sd = {k: torch.from_numpy(v.copy()) for k, v in state_dict(tied, seed).items()}
+    name = ARCHS[arch]
+    cfg = {k: v for k, v in config_json(tied, arch).items() if k not in ("architectures", "model_type", "torch_dtype")}
+    model = getattr(transformers, f"{name}ForCausalLM")(getattr(transformers, f"{name}Config")(**cfg))
+    model = model.to(torch.float32)
+    sd = {k: torch.from_numpy(v.copy()) for k, v in state_dict(tied, seed, arch).items()}
     missing, unexpected = model.load_state_dict(sd, strict=False)
     if unexpected or set(missing) - ({"lm_head.weight"} if tied else set()):
         raise RuntimeError(f"state dict mismatch: missing {missing}, unexpected {unexpected}")
@@ -329,21 +353,21 @@ def hf_model(tied: bool = False, seed: int = 0):
     return model.eval()
 
 
-def write_hf_dir(hf_dir: Path, tied: bool = False, seed: int = 0) -> Path:
+def write_hf_dir(hf_dir: Path, tied: bool = False, seed: int = 0, arch: str = "qwen2") -> Path:
     """A Hugging Face directory: model.safetensors (by save_pretrained), config.json,
     generation_config.json and the tokenizer files. Returns hf_dir."""
     hf_dir = Path(hf_dir)
     hf_dir.mkdir(parents=True, exist_ok=True)
-    hf_model(tied, seed).save_pretrained(hf_dir, safe_serialization=True)
+    hf_model(tied, seed, arch).save_pretrained(hf_dir, safe_serialization=True)
     # save_pretrained's JSON carries its transformers version and that version's key names: write the
     # hub's form instead, so the bytes depend on nothing installed.
-    _write_json(hf_dir / "config.json", config_json(tied))
+    _write_json(hf_dir / "config.json", config_json(tied, arch))
     _write_json(hf_dir / "generation_config.json", generation_config_json())
     write_tokenizer_files(hf_dir)
     return hf_dir
 
 
-# Names as in gguf-py's TENSOR_NAMES for MODEL_ARCH.QWEN2 (and llama.cpp's converter's tensor map).
+# Names as in gguf-py's TENSOR_NAMES for MODEL_ARCH.QWEN2 and QWEN3 (and llama.cpp's converter's tensor map).
 _GGUF_NAMES = {
     "model.embed_tokens.weight": "token_embd.weight",
     "model.norm.weight": "output_norm.weight",
@@ -356,6 +380,8 @@ _GGUF_NAMES = {
     "self_attn.v_proj.weight": "attn_v.weight",
     "self_attn.v_proj.bias": "attn_v.bias",
     "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
     "post_attention_layernorm.weight": "ffn_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
@@ -383,10 +409,10 @@ def gguf_name(hf_name: str) -> str:
     return f"blk.{parts[2]}." + _GGUF_NAMES[".".join(parts[3:])]
 
 
-def gguf_tensor_order(tied: bool = False) -> list[str]:
+def gguf_tensor_order(tied: bool = False, arch: str = "qwen2") -> list[str]:
     """HF names in the order llama.cpp's converter writes them: it walks the safetensors file, whose
     tensors are sorted by name (so blk.1 before blk.10; fine for the few layers here)."""
-    return sorted(state_dict(tied))
+    return sorted(state_dict(tied, arch=arch))
 
 
 def gguf_vocab() -> tuple[list[str], list[int], list[str]]:
@@ -414,8 +440,8 @@ def gguf_vocab() -> tuple[list[str], list[int], list[str]]:
 
 
 def write_gguf(path: Path, quant: str | None = None, tied: bool = False, seed: int = 0,
-               name: str | None = None) -> Path:
-    """The same model as a llama.cpp-style qwen2 GGUF. quant: None/"f32" (all F32), or one of "f16",
+               name: str | None = None, arch: str = "qwen2") -> Path:
+    """The same model as a llama.cpp-style qwen2 (qwen3) GGUF. quant: None/"f32" (all F32), or one of "f16",
     "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1" for every 2-D matrix (token_embd and output
     included, as the converter's --outtype does); 1-D tensors (norms, biases) stay F32. name: general.name,
     by default what the converter derives from make_tiny_qwen2's directory name. Returns path."""
@@ -426,14 +452,14 @@ def write_gguf(path: Path, quant: str | None = None, tied: bool = False, seed: i
     qtype = GGMLQuantizationType[qname]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    sd = state_dict(tied, seed)
+    sd = state_dict(tied, seed, arch)
     tokens, toktypes, merges = gguf_vocab()
     eot, im_end = token_id("<|endoftext|>"), token_id("<|im_end|>")
 
-    w = GGUFWriter(path, "qwen2")  # general.architecture; alignment 32 by default
+    w = GGUFWriter(path, arch)  # general.architecture; alignment 32 by default
     # In the converter's order: model info, hyperparameters, quantization version, vocabulary.
     w.add_type(gguf.GGUFType.MODEL)
-    w.add_name(name or "Tiny Qwen2" + (" Tied" if tied else "") + (f" S{seed}" if seed else ""))
+    w.add_name(name or f"Tiny {ARCHS[arch]}" + (" Tied" if tied else "") + (f" S{seed}" if seed else ""))
     n_params = sum(v.size for v in sd.values())
     w.add_size_label(gguf.size_label(n_params, n_params, 0, 0))  # as the converter computes it
     w.add_block_count(LAYERS)
@@ -444,6 +470,9 @@ def write_gguf(path: Path, quant: str | None = None, tied: bool = False, seed: i
     w.add_head_count_kv(KV_HEADS)
     w.add_rope_freq_base(ROPE_THETA)
     w.add_layer_norm_rms_eps(RMS_EPS)
+    if arch == "qwen3":  # config.json's head_dim
+        w.add_key_length(QWEN3_HEAD_DIM)
+        w.add_value_length(QWEN3_HEAD_DIM)
     w.add_file_type(LlamaFileType[ftname])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_tokenizer_model("gpt2")
@@ -459,7 +488,7 @@ def write_gguf(path: Path, quant: str | None = None, tied: bool = False, seed: i
     w.add_add_eos_token(False)
     w.add_chat_template(CHAT_TEMPLATE)
 
-    for hf_name in gguf_tensor_order(tied):
+    for hf_name in gguf_tensor_order(tied, arch):
         arr = sd[hf_name]
         gname = gguf_name(hf_name)
         if arr.ndim == 1 or gname.endswith("_norm.weight") or qtype == GGMLQuantizationType.F32:
@@ -475,14 +504,15 @@ def write_gguf(path: Path, quant: str | None = None, tied: bool = False, seed: i
     return path
 
 
-def dequantized_state_dict(quant: str | None = None, tied: bool = False, seed: int = 0) -> dict[str, np.ndarray]:
+def dequantized_state_dict(quant: str | None = None, tied: bool = False, seed: int = 0,
+                           arch: str = "qwen2") -> dict[str, np.ndarray]:
     """state_dict() with each tensor round-tripped through what write_gguf stores for it (the float
     weights the quantized GGUF holds), for comparing quantized files against a float reference."""
     from gguf import GGMLQuantizationType, quants
 
     qtype = GGMLQuantizationType[QUANTS[quant][0]]
     out = {}
-    for k, v in state_dict(tied, seed).items():
+    for k, v in state_dict(tied, seed, arch).items():
         if v.ndim == 1 or qtype == GGMLQuantizationType.F32:
             out[k] = v
         elif qtype == GGMLQuantizationType.F16:
@@ -493,13 +523,13 @@ def dequantized_state_dict(quant: str | None = None, tied: bool = False, seed: i
 
 
 def make_tiny_qwen2(out_dir: Path, quant: str | None = None, tied: bool = False,
-                    seed: int = 0) -> tuple[Path, Path]:
+                    seed: int = 0, arch: str = "qwen2") -> tuple[Path, Path]:
     """Both forms under out_dir -> (hf_dir, gguf_path):
-    out_dir/tiny-qwen2[-tied]/ and out_dir/tiny-qwen2[-tied]-<F32|Q8_0|...>.gguf."""
+    out_dir/tiny-ARCH[-tied]/ and out_dir/tiny-ARCH[-tied]-<F32|Q8_0|...>.gguf."""
     out_dir = Path(out_dir)
-    stem = "tiny-qwen2" + ("-tied" if tied else "") + (f"-s{seed}" if seed else "")
-    hf_dir = write_hf_dir(out_dir / stem, tied=tied, seed=seed)
-    g = write_gguf(out_dir / f"{stem}-{QUANTS[quant][0]}.gguf", quant=quant, tied=tied, seed=seed)
+    stem = f"tiny-{arch}" + ("-tied" if tied else "") + (f"-s{seed}" if seed else "")
+    hf_dir = write_hf_dir(out_dir / stem, tied=tied, seed=seed, arch=arch)
+    g = write_gguf(out_dir / f"{stem}-{QUANTS[quant][0]}.gguf", quant=quant, tied=tied, seed=seed, arch=arch)
     return hf_dir, g
 
 
@@ -515,11 +545,12 @@ def file_digests(paths) -> dict[str, str]:
     return out
 
 
-if __name__ == "__main__":  # python tests/qwen2gen.py OUT_DIR [quant] [--tied]
+if __name__ == "__main__":  # python tests/qwen2gen.py OUT_DIR [quant] [--tied] [--qwen3]
     import sys
     import time
 
     t0 = time.perf_counter()
-    args = [a for a in sys.argv[1:] if a != "--tied"]
-    hf, gg = make_tiny_qwen2(Path(args[0]), quant=args[1] if len(args) > 1 else None, tied="--tied" in sys.argv)
+    args = [a for a in sys.argv[1:] if a not in ("--tied", "--qwen3")]
+    hf, gg = make_tiny_qwen2(Path(args[0]), quant=args[1] if len(args) > 1 else None, tied="--tied" in sys.argv,
+                             arch="qwen3" if "--qwen3" in sys.argv else "qwen2")
     print(hf, gg, f"{time.perf_counter() - t0:.2f}s")

@@ -257,3 +257,66 @@ def test_tokenizers_agree(made):
     chat = at.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
     assert chat == ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
                     "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+
+
+# --- Qwen3 ------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    out = tmp_path_factory.mktemp("qwen3gen")
+    ggufs = {q: Q.write_gguf(out / f"tiny-qwen3-{Q.QUANTS[q][0]}.gguf", quant=q, arch="qwen3") for q in (None, "q8_0")}
+    return out, ggufs
+
+
+def test_qwen3_weights_and_config():
+    sd = Q.state_dict(arch="qwen3")
+    assert not any(k.endswith(".bias") for k in sd)
+    hd = Q.QWEN3_HEAD_DIM
+    assert Q.HEADS * hd != Q.HIDDEN  # a head_dim of its own, not hidden / heads
+    for i in range(Q.LAYERS):
+        p = f"model.layers.{i}.self_attn."
+        assert sd[p + "q_proj.weight"].shape == (Q.HEADS * hd, Q.HIDDEN)
+        assert sd[p + "o_proj.weight"].shape == (Q.HIDDEN, Q.HEADS * hd)
+        assert sd[p + "q_norm.weight"].shape == sd[p + "k_norm.weight"].shape == (hd,)
+    cfg = Q.config_json(arch="qwen3")
+    assert (cfg["model_type"], cfg["architectures"], cfg["head_dim"], cfg["attention_bias"]) == (
+        "qwen3", ["Qwen3ForCausalLM"], hd, False)
+    assert {k: v for k, v in cfg.items() if k not in ("model_type", "architectures", "head_dim", "attention_bias")} == {
+        k: v for k, v in Q.config_json().items() if k not in ("model_type", "architectures")}
+
+
+def test_qwen3_gguf_keys_and_tensors(qwen3):
+    _, ggufs = qwen3
+    r, f = _fields(ggufs[None])
+    q2 = {k.replace("qwen2.", "qwen3."): v for k, v in _fields(Q.write_gguf(qwen3[0] / "q2.gguf"))[1].items()}
+    assert set(f) == set(q2) | {"qwen3.attention.key_length", "qwen3.attention.value_length"}
+    assert f["general.architecture"] == "qwen3"
+    assert f["qwen3.attention.key_length"] == f["qwen3.attention.value_length"] == Q.QWEN3_HEAD_DIM
+    names = {t.name: tuple(int(x) for x in reversed(t.shape)) for t in r.tensors}
+    for i in range(Q.LAYERS):
+        assert names[f"blk.{i}.attn_q_norm.weight"] == names[f"blk.{i}.attn_k_norm.weight"] == (Q.QWEN3_HEAD_DIM,)
+        assert names[f"blk.{i}.attn_q.weight"] == (Q.HEADS * Q.QWEN3_HEAD_DIM, Q.HIDDEN)
+        assert f"blk.{i}.attn_q.bias" not in names
+    assert [t.name for t in r.tensors] == [Q.gguf_name(k) for k in sorted(Q.state_dict(arch="qwen3"))]
+
+
+def test_qwen3_transformers_reads_the_gguf_as_the_hf_model(qwen3):
+    """transformers' own GGUF loader (it knows `qwen3`) gives the logits of the Qwen3ForCausalLM holding
+    state_dict(arch="qwen3"): tensor names, shapes and the QK-norm tensors are llama.cpp's. (That loader
+    does not read attention.key_length, so head_dim is passed to it; the key itself is checked above.)"""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    _, ggufs = qwen3
+    ref = _logits(Q.hf_model(arch="qwen3"))
+    g = AutoModelForCausalLM.from_pretrained(ggufs[None].parent, gguf_file=ggufs[None].name, dtype=torch.float32,
+                                             head_dim=Q.QWEN3_HEAD_DIM).eval()
+    assert type(g).__name__ == "Qwen3ForCausalLM" and g.config.head_dim == Q.QWEN3_HEAD_DIM
+    assert float(np.abs(_logits(g) - ref).max()) <= 1e-6
+    nn = Q.hf_model(arch="qwen3")
+    with torch.no_grad():
+        for n, p in nn.named_parameters():
+            if n.endswith(("q_norm.weight", "k_norm.weight")):
+                p.fill_(1.0)
+    assert float(np.abs(_logits(nn) - ref).max()) > 0.05  # the QK-norm weights matter

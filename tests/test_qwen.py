@@ -1,8 +1,9 @@
-"""Qwen2 (q/k/v biases) on tiny checkpoints made here (tests/qwen2gen.py): the same random weights as a
-Hugging Face directory written by transformers and as a GGUF with llama.cpp's qwen2 names and keys.
-Against transformers fp32: logits within 1e-4, the same 32 greedy tokens; GGUF and HF directory give
-the same bits; the whole contract (threads, chunking, batch, native storage, trace, verify, golden
-hashes) and conversion back to a Qwen2ForCausalLM directory."""
+"""Qwen2 (q/k/v biases) and Qwen3 (QK-norm, a head_dim of its own) on tiny checkpoints made here
+(tests/qwen2gen.py): the same random weights as a Hugging Face directory written by transformers and as
+a GGUF with llama.cpp's qwen2 / qwen3 names and keys. Against transformers fp32: logits within 1e-4, the
+same 32 greedy tokens; GGUF and HF directory give the same bits; the whole contract (threads, chunking,
+batch, native storage, trace, verify, golden hashes) and conversion back to a Qwen2ForCausalLM /
+Qwen3ForCausalLM directory."""
 
 from __future__ import annotations
 
@@ -25,27 +26,32 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
-GOLDEN = Path(__file__).parent / "golden" / "qwen2-tiny.json"
+GOLDEN = Path(__file__).parent / "golden"  # qwen2-tiny.json, qwen3-tiny.json
 TEXTS = ["Hello world", "The quick brown fox jumps over the lazy dog.", "12345 and 3.14159, 2024-03-15",
          "<|im_start|>user\nHi there, how are you?<|im_end|>\n<|im_start|>assistant\n",
          "I'm sure you'll agree: we're here.\n\n\tdef hello(name):\n    return name"]
 
 
+@pytest.fixture(scope="module", params=["qwen2", "qwen3"])
+def arch(request):
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
+def files(tmp_path_factory, arch):
     """{tied: (hf_dir, {quant: gguf})} for the untied and the tied variant."""
-    out = tmp_path_factory.mktemp("qwen2")
+    out = tmp_path_factory.mktemp(arch)
     made = {}
     for tied in (False, True):
-        hf, f32 = Q.make_tiny_qwen2(out, None, tied=tied)
-        made[tied] = (hf, {None: f32, "q8_0": Q.write_gguf(out / f"q8_0-{tied}.gguf", "q8_0", tied=tied),
-                           "q4_0": Q.write_gguf(out / f"q4_0-{tied}.gguf", "q4_0", tied=tied)})
+        hf, f32 = Q.make_tiny_qwen2(out, None, tied=tied, arch=arch)
+        made[tied] = (hf, {q: Q.write_gguf(out / f"{q}-{tied}.gguf", q, tied=tied, arch=arch) for q in ("q8_0", "q4_0")})
+        made[tied][1][None] = f32
     return made
 
 
 @pytest.fixture(scope="module")
-def hf_model():
-    return {tied: Q.hf_model(tied=tied).eval() for tied in (False, True)}
+def hf_model(arch):
+    return {tied: Q.hf_model(tied=tied, arch=arch).eval() for tied in (False, True)}
 
 
 def bits(a):
@@ -53,12 +59,14 @@ def bits(a):
 
 
 @pytest.mark.parametrize("tied", [False, True])
-def test_logits_match_transformers_and_gguf_equals_hf_dir(files, hf_model, tied, record_property):
+def test_logits_match_transformers_and_gguf_equals_hf_dir(files, hf_model, arch, tied, record_property):
     hf_dir, ggufs = files[tied]
     from_dir, from_gguf = tinydet.load(hf_dir), tinydet.load(ggufs[None])
     # GGUF stores the RMSNorm epsilon as a float32, config.json as a decimal: the kernels use float32
     assert dataclasses.replace(from_dir.config, rms_eps=float(np.float32(from_dir.config.rms_eps))) == from_gguf.config
-    assert from_gguf.config.arch == "qwen2" and from_gguf.config.qkv_bias
+    assert from_gguf.config.arch == arch
+    assert (from_gguf.config.qkv_bias, from_gguf.config.qk_norm) == (arch == "qwen2", arch == "qwen3")
+    assert from_gguf.config.head_dim == Q.head_dim(arch)
     worst = 0.0
     for text in TEXTS:
         ids = from_gguf.tokenize(text)
@@ -68,8 +76,8 @@ def test_logits_match_transformers_and_gguf_equals_hf_dir(files, hf_model, tied,
         with torch.no_grad():
             want = hf_model[tied](torch.tensor([ids])).logits[0].numpy()
         worst = max(worst, float(np.abs(ours - want).max()))
-    record_property("qwen2_max_abs_diff_vs_transformers", worst)
-    print(f"tiny Qwen2 (tied={tied}): max |tinydet - transformers| = {worst:.2e} over {len(TEXTS)} prompts")
+    record_property(f"{arch}_max_abs_diff_vs_transformers", worst)
+    print(f"tiny {arch} (tied={tied}): max |tinydet - transformers| = {worst:.2e} over {len(TEXTS)} prompts")
     assert worst <= 1e-4
 
 
@@ -85,13 +93,19 @@ def test_greedy_32_tokens_match_transformers(files, hf_model):
         assert len(g.token_ids) == 32 or g.finish_reason == "stop"
 
 
-def test_biases_matter(files):
-    """A runtime that dropped the biases would be caught: zeroing them moves the logits."""
+def test_biases_and_qk_norms_matter(files, arch):
+    """A runtime that dropped Qwen2's biases or Qwen3's QK-norm weights would be caught: zeroing the
+    biases, or setting the norm weights to 1, moves the logits."""
     from tinydet.backends.cpu import CPUBackend
     from tinydet.formats import Tensor, open_checkpoint
 
     ck = open_checkpoint(files[False][1][None])
-    tensors = {k: (Tensor.of(np.zeros(v.shape, np.float32)) if ".b" in k else v) for k, v in ck.tensors.items()}
+    if arch == "qwen2":
+        tensors = {k: (Tensor.of(np.zeros(v.shape, np.float32)) if ".b" in k else v) for k, v in ck.tensors.items()}
+    else:
+        tensors = {k: (Tensor.of(np.ones(v.shape, np.float32)) if k.endswith(("q_norm", "k_norm")) else v)
+                   for k, v in ck.tensors.items()}
+        assert sum(k.endswith(("q_norm", "k_norm")) for k in tensors) == 2 * Q.LAYERS
     ids = ck.tokenizer.encode(TEXTS[1])
     be, zero = CPUBackend(ck.config, ck.tensors), CPUBackend(ck.config, tensors)
     a = be.forward(ids, be.new_cache(len(ids)), all_logits=True)
@@ -140,18 +154,19 @@ def test_trace_diff(files, tmp_path):
     assert d["identical"] and d["n_compared"] > 0
 
 
-def test_convert_back_to_qwen2_directory(files, tmp_path, hf_model):
-    """GGUF -> HF directory: transformers loads it as Qwen2ForCausalLM with transformers' own logits of
-    the original, and tinydet gives the GGUF's bits from it."""
+def test_convert_back_to_hf_directory(files, tmp_path, hf_model, arch):
+    """GGUF -> HF directory: transformers loads it as Qwen2ForCausalLM / Qwen3ForCausalLM with
+    transformers' own logits of the original, and tinydet gives the GGUF's bits from it."""
     from tinydet.tools.convert import convert_gguf_to_hf
 
     for tied in (False, True):
         out = convert_gguf_to_hf(files[tied][1][None], tmp_path / f"conv-{tied}")
         cfg = json.loads((out / "config.json").read_text())
-        assert cfg["architectures"] == ["Qwen2ForCausalLM"] and cfg["model_type"] == "qwen2"
-        assert cfg["tie_word_embeddings"] is tied
+        name = f"{Q.ARCHS[arch]}ForCausalLM"
+        assert cfg["architectures"] == [name] and cfg["model_type"] == arch
+        assert cfg["tie_word_embeddings"] is tied and cfg["head_dim"] == Q.head_dim(arch)
         m = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-        assert type(m).__name__ == "Qwen2ForCausalLM"
+        assert type(m).__name__ == name
         ids = tinydet.load(files[tied][1][None]).tokenize(TEXTS[4])
         with torch.no_grad():
             a = m(torch.tensor([ids])).logits[0].numpy()
@@ -167,20 +182,21 @@ def test_verify_matrix_passes(files):
     assert out["passed"] and len(out["cells"]) == 51
 
 
-def test_golden_hashes(files):
-    """tests/golden/qwen2-tiny.json (the Q8_0 file). Its greedy fp32 case is pinned to transformers: the
-    same 32 tokens from the Qwen2ForCausalLM holding the file's dequantized weights. Then every case,
-    and every fp32 case again with native storage, gives the recorded hashes."""
+def test_golden_hashes(files, arch):
+    """tests/golden/qwen2-tiny.json and qwen3-tiny.json (the Q8_0 files). Its greedy fp32 case is pinned
+    to transformers: the same 32 tokens from the Qwen2ForCausalLM / Qwen3ForCausalLM holding the file's
+    dequantized weights. Then every case, and every fp32 case again with native storage, gives the
+    recorded hashes."""
     path = files[False][1]["q8_0"]
-    data = read_golden(GOLDEN)
+    data = read_golden(GOLDEN / f"{arch}-tiny.json")
     assert data["model_sha256"] == file_sha256(path), "the generator no longer writes the recorded file"
     model = tinydet.load(path, dtype="fp32")
     case = data["cases"][0]
     assert (case["dtype"], case["temperature"], case["max_tokens"]) == ("fp32", 0.0, 32)
-    ref = Q.hf_model(tied=False)
+    ref = Q.hf_model(tied=False, arch=arch)
     with torch.no_grad():
         for name, p in ref.named_parameters():
-            p.copy_(torch.from_numpy(Q.dequantized_state_dict("q8_0")[name]))
+            p.copy_(torch.from_numpy(Q.dequantized_state_dict("q8_0", arch=arch)[name]))
         ids = model.tokenize(case["prompt"])
         want = ref.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
                             eos_token_id=None)[0, len(ids):].tolist()
@@ -214,3 +230,22 @@ def test_sliding_window_config(files, tmp_path):
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(tinydet.ModelFormatError, match="layer_types"):
         tinydet.load(d)
+
+
+def test_qwen3_settings_it_cannot_run_are_refused(tmp_path):
+    """A Qwen3 config.json with q/k/v/o biases or a YaRN RoPE scaling (Qwen3's long-context setting) is
+    refused with the field named, not run without it."""
+    import shutil
+
+    made = Q.write_hf_dir(tmp_path / "qwen3", arch="qwen3")
+    cases = {"attention_bias": {"attention_bias": True},
+             "rope_scaling": {"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                               "original_max_position_embeddings": 128}}}
+    for field, change in cases.items():
+        d = tmp_path / field
+        shutil.copytree(made, d)
+        cfg = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**cfg, **change}))
+        with pytest.raises(tinydet.ModelFormatError, match=field) as e:
+            tinydet.load(d)
+        assert "config.json" in str(e.value), str(e.value)
