@@ -13,7 +13,9 @@ Canonical tensor names (HF's layout: Q/K rows in rotate-half order, matrices [ou
   .wo [dim, q_dim], .ffn_norm [dim], .w1 (gate) [ffn, dim], .w2 (down) [dim, ffn], .w3 (up) [ffn, dim],
   and where the flags call for them: .bq [q_dim], .bk / .bv [kv_dim] (qkv_bias), .q_norm / .k_norm
   [head_dim] (qk_norm), .post_attention_norm / .post_ffn_norm [dim] (post_norms).
-Model code never sees a GGUF or HF name.
+Model code never sees a GGUF or HF name. A tensor's canonical value is what the kernels use; where
+an HF file stores it offset (Gemma's norms: w for 1 + w, which GGUF stores as is), its TensorSpec says
+so (`hf_offset`) and the HF reader and writer apply it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ class TensorSpec:
     shape: tuple[str, ...]  # ModelConfig attributes, numpy order: ("q_dim", "dim")
     flag: str | None = None  # the tensor exists exactly when this config flag is on (None: always)
     rope_rows: str | None = None  # "q" or "k": rows that llama.cpp's converter permutes for its RoPE
+    # The HF file stores the value minus this (Gemma's norm weights: w, for a scale of 1 + w): reading an
+    # HF directory gives float32(hf_offset + stored), writing one (convert) float32(value - hf_offset).
+    hf_offset: float = 0.0
 
     def shape_for(self, cfg: ModelConfig) -> tuple[int, ...]:
         return tuple(getattr(cfg, s) for s in self.shape)

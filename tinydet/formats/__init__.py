@@ -49,6 +49,14 @@ class Tensor:
         a = np.ascontiguousarray(a, np.float32)
         return cls(a.reshape(-1).view(np.uint8), F32, a.shape)
 
+    def plus(self, offset: float) -> "Tensor":
+        """A new F32 tensor of float32(offset + value), element by element (one IEEE float32 addition
+        each, as Gemma's RMSNorm computes its scale `1.0 + weight.float()`): the canonical value of a
+        tensor its file stores offset (`arch.TensorSpec.hf_offset`). The file's bytes are released."""
+        a = np.float32(offset) + self.float32()
+        self.release()
+        return Tensor.of(a)
+
     @property
     def ndim(self) -> int:
         return len(self.shape)

@@ -4,7 +4,10 @@ shards), and the tokenizer files (`tokenizer/hf.py`).
 A directory is read as transformers would read it for its architecture (`arch/`: model_type or
 architectures picks the spec) and brought to tinydet's canonical names. HF's Q/K row order
 (rotate-half) *is* the canonical layout, so nothing is permuted; the output matrix is tied to the
-token embedding only when `lm_head.weight` is absent and config.json says tie_word_embeddings.
+token embedding only when `lm_head.weight` is absent and config.json says tie_word_embeddings (or,
+without that key, its architecture's transformers config class ties by default: Gemma 3). A tensor that
+HF stores offset from its canonical value (`arch.TensorSpec.hf_offset`: Gemma's norm weights hold w for
+a scale of 1 + w) is read as float32(offset + stored), the value the kernels and a GGUF file use.
 
 Pickle checkpoints (pytorch_model.bin, *.pt, *.pth) are refused: unpickling runs arbitrary code.
 """
@@ -42,6 +45,9 @@ class _Fields:
 
     def __init__(self, c: dict, path: Path):
         self.c, self.path = c, path
+        # Whether the output is tied to the embedding when config.json has no tie_word_embeddings: an
+        # architecture's hook sets it where transformers' config class defaults to tying (Gemma 3).
+        self.tie_default = False
 
     def bad(self, key: str, msg: str):
         raise ModelFormatError(self.path, key, msg)
@@ -77,38 +83,60 @@ class _Fields:
 _ROPE_KEYS = {"default": (), "linear": ("factor",),
               "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
 _ROPE_NAMES = {"default": "none", "linear": "linear", "llama3": "llama3"}
+# transformers 5 keys rope_parameters by layer type for models whose layers differ (Gemma 3).
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def per_layer_type(rp) -> bool:
+    """Whether a rope_parameters value is keyed by layer type ({"full_attention": {...}, ...})."""
+    return isinstance(rp, dict) and bool(rp) and set(rp) <= set(LAYER_TYPES) and all(
+        v is None or isinstance(v, dict) for v in rp.values())
+
+
+def rope_object(f: _Fields, key: str, rp, spec: archs.ArchSpec, theta: float | None) -> tuple[RoPE, float | None]:
+    """One RoPE parameter object (config.json's `key`: rope_scaling, rope_parameters or one of its
+    per-layer-type entries) -> (its RoPE, with base 10000 for now; the base: its rope_theta, else
+    `theta`). A rope_theta that disagrees with `theta` is refused."""
+    if not isinstance(rp, dict):
+        f.bad(key, f"expected an object or null, found {rp!r}")
+    kind = rp.get("rope_type", rp.get("type", "default"))
+    if _ROPE_NAMES.get(kind) not in spec.rope_scalings:
+        supported = ", ".join(repr(k) for k, v in _ROPE_NAMES.items() if v in spec.rope_scalings)
+        f.bad(key, f"RoPE scaling {kind!r} is not supported (supported: {supported})")
+    extra = set(rp) - {"rope_type", "type", "rope_theta"} - set(_ROPE_KEYS[kind])
+    if extra:
+        f.bad(key, f"RoPE parameters {sorted(extra)} are not supported")
+    if rp.get("rope_theta") is not None:
+        t = rp["rope_theta"]
+        if isinstance(t, bool) or not isinstance(t, (int, float)):
+            f.bad(f"{key}.rope_theta", f"expected a number, found {t!r}")
+        if theta is not None and float(t) != theta:
+            f.bad(f"{key}.rope_theta", f"{t!r} disagrees with rope_theta {theta!r}")
+        theta = float(t)
+    sub = _Fields(rp, f.path)
+    rope = RoPE()
+    if kind == "linear":
+        rope = RoPE(scaling="linear", factor=sub.float("factor"))
+    elif kind == "llama3":
+        rope = RoPE(scaling="llama3", factor=sub.float("factor"), low_freq_factor=sub.float("low_freq_factor"),
+                    high_freq_factor=sub.float("high_freq_factor"),
+                    original_context=sub.int("original_max_position_embeddings"))
+    return rope, theta
 
 
 def _rope(f: _Fields, spec: archs.ArchSpec) -> RoPE:
-    """RoPE from rope_theta (transformers 4.x, + rope_scaling) or rope_parameters (5.x)."""
+    """RoPE from rope_theta (transformers 4.x, + rope_scaling) or rope_parameters (5.x). Where
+    rope_parameters is keyed by layer type, this is its full_attention entry's: the other layer types'
+    are the spec's hook's to read (`rope_object`), and refused when it does not."""
     theta = f.float("rope_theta", 10000.0) if f.c.get("rope_theta") is not None else None
     rope = RoPE()
     for key in ("rope_scaling", "rope_parameters"):
         rp = f.c.get(key)
+        if key == "rope_parameters" and per_layer_type(rp):
+            key, rp = "rope_parameters.full_attention", rp.get("full_attention")
         if rp is None:
             continue
-        if not isinstance(rp, dict):
-            f.bad(key, f"expected an object or null, found {rp!r}")
-        kind = rp.get("rope_type", rp.get("type", "default"))
-        if _ROPE_NAMES.get(kind) not in spec.rope_scalings:
-            f.bad(key, f"RoPE scaling {kind!r} is not supported (only plain RoPE: rope_scaling null)")
-        extra = set(rp) - {"rope_type", "type", "rope_theta"} - set(_ROPE_KEYS[kind])
-        if extra:
-            f.bad(key, f"RoPE parameters {sorted(extra)} are not supported")
-        if rp.get("rope_theta") is not None:
-            t = rp["rope_theta"]
-            if isinstance(t, bool) or not isinstance(t, (int, float)):
-                f.bad(f"{key}.rope_theta", f"expected a number, found {t!r}")
-            if theta is not None and float(t) != theta:
-                f.bad(f"{key}.rope_theta", f"{t!r} disagrees with rope_theta {theta!r}")
-            theta = float(t)
-        sub = _Fields(rp, f.path)
-        if kind == "linear":
-            rope = RoPE(scaling="linear", factor=sub.float("factor"))
-        elif kind == "llama3":
-            rope = RoPE(scaling="llama3", factor=sub.float("factor"), low_freq_factor=sub.float("low_freq_factor"),
-                        high_freq_factor=sub.float("high_freq_factor"),
-                        original_context=sub.int("original_max_position_embeddings"))
+        rope, theta = rope_object(f, key, rp, spec, theta)
     return dataclasses.replace(rope, base=10000.0 if theta is None else theta)
 
 
@@ -153,15 +181,19 @@ def read_hf_config(path: str | Path) -> tuple[archs.ArchSpec, ModelConfig, bool,
     if c.get("partial_rotary_factor", 1.0) not in (1, 1.0, None):
         f.bad("partial_rotary_factor", f"partial RoPE is not supported, found {c['partial_rotary_factor']!r}")
     rope = _rope(f, spec)
-    tie = c.get("tie_word_embeddings", False)
-    if not isinstance(tie, bool):
-        f.bad("tie_word_embeddings", f"expected true or false, found {tie!r}")
     fields = dict(arch=spec.name, n_layers=f.int("num_hidden_layers"), dim=dim, ffn_dim=f.int("intermediate_size"),
                   n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, vocab_size=f.int("vocab_size"),
                   context_length=f.int("max_position_embeddings"), rope=rope, rms_eps=f.float("rms_norm_eps"),
                   **spec.flags)
     if spec.hf_config is not None:
         fields = spec.hf_config(f, fields)
+    rp = c.get("rope_parameters")
+    if per_layer_type(rp) and set(rp) - {"full_attention"} and not fields.get("layer_ropes"):
+        f.bad("rope_parameters", f"RoPE parameters per layer type ({', '.join(sorted(rp))}) are not supported "
+                                 f"for {spec.hf_architectures[0]}")
+    tie = c.get("tie_word_embeddings", f.tie_default)
+    if not isinstance(tie, bool):
+        f.bad("tie_word_embeddings", f"expected true or false, found {tie!r}")
     cfg = ModelConfig(**fields).validate(cpath, {
         "n_layers": "num_hidden_layers", "dim": "hidden_size", "ffn_dim": "intermediate_size",
         "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads",
@@ -237,7 +269,8 @@ def _tensors(files: list[SafetensorsFile], spec: archs.ArchSpec, cfg: ModelConfi
         st = f.tensors[hname]
         if st.shape != want:
             raise ModelFormatError(f.path, hname, f"expected shape {want} from config.json, found {st.shape}")
-        return f.tensor(hname)
+        # Stored offset (Gemma's norms hold w for a scale of 1 + w): the kernels get float32(offset + w).
+        return f.tensor(hname).plus(t.hf_offset) if t.hf_offset else f.tensor(hname)
 
     return spec.gather(cfg, "hf", find, progress)
 

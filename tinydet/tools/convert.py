@@ -9,6 +9,13 @@ tinydet with the same logits, bit for bit, as the GGUF.
 NumPy's round-to-nearest-even, and keeps the RMSNorm weights float32 — exactly what tinydet's fp16
 mode stores, so that directory at fp16 runs the same bits as the GGUF at fp16.
 
+A tensor that HF stores offset from its value (`arch.TensorSpec.hf_offset`: Gemma's norm weights, w
+for a scale of 1 + w, which GGUF stores as 1 + w) is written as float32(value - offset), and reading the
+directory computes float32(offset + that). For an offset of 1 that gives back every stored value s in
+[0.5, 2**24] exactly (for s in [0.5, 2], s - 1 is exact by Sterbenz's lemma; above, s and 1 are
+multiples of ulp(s) <= 1, so s - 1 is exact, and 1 + (s - 1) = s), so the directory runs the GGUF's
+bits; a value below 0.5 may come back changed (s - 1 rounds: s = 2**-30 becomes w = -1, then 0).
+
 Files are written into a temporary sibling directory that is renamed into place at the end: a failed
 conversion leaves nothing behind.
 """
@@ -75,6 +82,8 @@ def convert_gguf_to_hf(gguf_path, out_dir, dtype: str = "fp32", overwrite: bool 
         if canon == archs.TIED[0] and tied:
             continue
         w = weights[canon].float32()
+        if t.hf_offset:  # HF stores value - offset (Gemma's norms: w for a scale of 1 + w); see below
+            w = w - np.float32(t.hf_offset)
         if dtype == "fp16" and w.ndim == 2:
             w = w.astype(np.float16)  # the one rounding: IEEE round-to-nearest-even
         tensors[t.hf.format(layer)] = w
