@@ -95,12 +95,10 @@ def model(gemma3_path):
 
 @pytest.fixture(scope="module")
 def hf(gemma3_path):
-    """transformers' Gemma3ForCausalLM from the same GGUF: float32 (eager attention) and a float64 copy of
-    the same weights (every dequantized weight is a float32, so the copy holds the same values)."""
+    """transformers' Gemma3ForCausalLM from the same GGUF, float32, eager attention (1.1 GB)."""
     p = Path(gemma3_path)
-    m = transformers.AutoModelForCausalLM.from_pretrained(p.parent, gguf_file=p.name, dtype=torch.float32,
-                                                          attn_implementation="eager").eval()
-    return {"fp32": m, "fp64": copy.deepcopy(m).double()}
+    return {"fp32": transformers.AutoModelForCausalLM.from_pretrained(p.parent, gguf_file=p.name, dtype=torch.float32,
+                                                                      attn_implementation="eager").eval()}
 
 
 @pytest.fixture(scope="module")
@@ -126,16 +124,21 @@ def test_config_is_gemma3_270m(model):
 
 
 def test_logits_match_transformers_and_beat_its_float64_error(model, hf, record_property):
+    """The float64 run is a copy of transformers' model in float64 (every dequantized weight is a float32,
+    so it holds the same values); transformers keeps its RoPE angles in float32 even then, which costs
+    about 1e-5 at these lengths (../shared/PEERS.md), well below the errors compared."""
     worst, ours_err, theirs_err = 0.0, 0.0, 0.0
+    fp64 = copy.deepcopy(hf["fp32"]).double()  # 2.1 GB: for this test only
     for text in PROMPTS:
         ids = model.tokenize(text)
         assert len(ids) >= 32, (len(ids), text)
         ours = model.logits(ids).astype(np.float64)
         want = _hf_logits(hf["fp32"], ids)
-        exact = _hf_logits(hf["fp64"], ids)
+        exact = _hf_logits(fp64, ids)
         worst = max(worst, float(np.abs(ours - want).max()))
         ours_err = max(ours_err, float(np.abs(ours - exact).max()))
         theirs_err = max(theirs_err, float(np.abs(want - exact).max()))
+    del fp64
     record_property("gemma3_max_abs_diff_vs_transformers", worst)
     record_property("gemma3_max_abs_err_vs_float64", {"tinydet": ours_err, "transformers": theirs_err})
     print(f"Gemma 3 270M: max |tinydet - transformers| = {worst:.2e}; against float64: tinydet {ours_err:.2e}, "
@@ -279,5 +282,10 @@ def test_golden_hashes(gemma3_path, model, hf):
     g = model.generate(case["prompt"], max_tokens=case["max_tokens"])
     assert g.token_ids == want and g.output_hash == case["output_hash"]
     models = {"fp32": model}
-    assert check_golden(lambda d: models.setdefault(d, tinydet.load(gemma3_path, dtype=d)), data,
-                        file_sha256(gemma3_path)) == []
+
+    def get(d):  # each dtype loaded once
+        if d not in models:
+            models[d] = tinydet.load(gemma3_path, dtype=d)
+        return models[d]
+
+    assert check_golden(get, data, file_sha256(gemma3_path)) == []
