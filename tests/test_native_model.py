@@ -1,6 +1,7 @@
-"""dtype="native": each matrix kept as the file stores it (Q8_0/Q4_0/Q4_1 blocks dequantized inside
-the kernels, F16 widened exactly, other types dequantized at load) must give fp32's bits: the same
-logits, token by token and prompt at once, at any thread count, traced or not."""
+"""dtype="native": each matrix kept as the file stores it (Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/Q5_K/Q6_K blocks
+dequantized inside the kernels, F16 widened exactly, kinds of mixed types kept per type, other types
+dequantized at load) must give fp32's bits: the same logits, token by token and prompt at once, at any
+thread count, traced or not."""
 
 from __future__ import annotations
 
@@ -71,11 +72,15 @@ PLANS = {
     "F16": lambda t: "F16",
     # a real file's mix: quantized layers, Q8_0 token table, F16 output
     "Q4_1 + Q8_0 table + F16 output": lambda t: {"token_embd.weight": "Q8_0", "output.weight": "F16"}.get(t, "Q4_1"),
-    # types that differ between layers (or between wq/wk/wv) are dequantized for that matrix kind
-    "mixed per layer": lambda t: ("Q4_0" if layer_of(t) % 2 else "Q8_0") if layer_of(t) is not None else None,
-    "mixed within qkv": lambda t: "Q8_0" if "attn_k" in t else ("Q4_1" if layer_of(t) is not None else None),
-    # a type without a native kernel (K-quants need 256-long rows, so Q5_0 stands in)
     "Q5_0": lambda t: "Q5_0",
+    # types that differ between layers, or between runs of [wq; wk; wv] starting at multiples of 64
+    # rows (wq: rows 0..63), stay as stored (MixedPanels)
+    "mixed per layer": lambda t: ("Q4_0" if layer_of(t) % 2 else "Q8_0") if layer_of(t) is not None else None,
+    "mixed runs in qkv": lambda t: ("Q8_0" if "attn_q" in t else "Q4_0") if layer_of(t) is not None else None,
+    # runs that do not start at a multiple of 64 rows (wk: rows 64..95) are dequantized for that kind
+    "mixed within qkv": lambda t: "Q8_0" if "attn_k" in t else ("Q4_1" if layer_of(t) is not None else None),
+    # a type without a native kernel (K-quants need 256-long rows, so Q5_1 stands in)
+    "Q5_1": lambda t: "Q5_1",
 }
 
 
@@ -87,16 +92,20 @@ def test_native_equals_fp32_on_requantized_stories(tmp_path, stories_path, plan)
     ids = native.tokenize(PROMPT)
     assert_same_logits(native, fp32, ids, chunk=5)
     stored = native.backend.storage()
-    if plan in ("Q8_0", "Q4_0", "Q4_1"):
-        assert stored["wqkv"] == stored["wo"] == stored["w13"] == plan
+    if plan in ("Q8_0", "Q4_0", "Q4_1", "Q5_0"):
+        assert stored["wqkv"] == stored["wo"] == stored["w13"] == stored["output"] == plan
         assert stored["w2"] == "f32"  # 172-long rows stay F32 in the file
     if plan == "F16":
         assert set(stored.values()) <= {"f16", "f32"} and stored["wqkv"] == "f16"
     if plan.startswith("Q4_1 +"):
         assert (stored["tok_embeddings"], stored["output"], stored["wqkv"]) == ("Q8_0", "f16", "Q4_1")
-    if plan.startswith("mixed"):
-        assert stored["wqkv"] == "f32"
-    if plan == "Q5_0":
+    if plan == "mixed per layer":
+        assert stored["wqkv"] == stored["wo"] == stored["w13"] == "Q8_0+Q4_0" and stored["w2"] == "f32"
+    if plan == "mixed runs in qkv":
+        assert (stored["wqkv"], stored["wo"]) == ("Q8_0+Q4_0", "Q4_0")
+    if plan == "mixed within qkv":
+        assert (stored["wqkv"], stored["wo"]) == ("f32", "Q4_1")
+    if plan == "Q5_1":
         assert set(stored.values()) == {"f32"}
     for threads in (1, 3):
         native.threads = threads

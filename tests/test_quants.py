@@ -265,3 +265,21 @@ def test_stories260k_all_tensors_match_gguf(stories_path):
 
 def test_smollm2_all_tensors_match_gguf(smollm_path):
     _check_model(smollm_path, {"F32", "Q8_0", "Q4_1"})
+
+
+def test_gemma3_all_tensors_match_gguf(gemma3_path):
+    """Gemma 3 270M Q4_K_M (F32, Q8_0, Q5_0, Q4_K, Q6_K, as llama.cpp quantizes a real model): every
+    tensor, the 262144-row token table in slices of rows, dequantizes to gguf-py's bits."""
+    f = GGUFFile(gemma3_path)
+    seen = set()
+    for name, info in f.tensors.items():
+        raw = np.asarray(f.tensor_bytes(name))
+        pieces = [(raw, info.shape)]
+        if name == "token_embd.weight":
+            n, k = info.shape
+            rows = raw.reshape(n, -1)
+            pieces = [(np.ascontiguousarray(rows[r0:r0 + 4096]), (4096, k)) for r0 in (0, n // 2 - 1000, n - 4096)]
+        for piece, shape in pieces:
+            assert_same_bits(dequantize(piece, info.ggml_type, shape), reference(piece, info.type_name, shape))
+        seen.add(info.type_name)
+    assert seen == {"F32", "Q8_0", "Q5_0", "Q4_K", "Q6_K"}

@@ -4,22 +4,35 @@ bytes and never rounds anything (fp16's one rounding is `simd.to_f16_bits`, at l
 Float panels: W[N, K] -> Wp[ceil(N/64), K, 64], rows past N zero: the inner loop of the matrix
 product runs over 64 independent outputs.
 
-Quantized panels, for GGUF's block-quantized matrices (Q8_0, Q4_0, Q4_1), read by `loaders.py`: the
-fp32 path dequantizes W[N, K] and packs it as float panels; the native path keeps GGUF's blocks and
-rearranges them the same way, L = 32 rows (outputs, `QPANEL`) side by side, so that the kernel's
-inner loop runs over L contiguous lanes just as it does for floats. With P = ceil(N / 32) panels and
-K/32 blocks per row:
+Quantized panels, for GGUF's block-quantized matrices (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K), read
+by `loaders.py`: the fp32 path dequantizes W[N, K] and packs it as float panels; the native path keeps
+GGUF's blocks and rearranges them the same way, L = 32 rows (outputs, `QPANEL`) side by side, so that
+the kernel's inner loop runs over L contiguous lanes just as it does for floats. With P = ceil(N / 32)
+panels, nb = K/32 blocks of 32 elements and ns = K/256 super-blocks (K-quants) per row:
 
-  Q8_0  qs  int8   (P, K, 32)         qs[p, k, j]    = quant k of row 32p+j                  1 B/weight
-  Q4_0, qs  uint32 (P, K/32, 4, 32)   qs[p, b, g, j] = quants 32b+8g .. 32b+8g+7 of row    0.5 B/weight
-  Q4_1                                32p+j, element 32b+8g+i in bits 4i..4i+3
-  all   d   uint16 (P, K/32, 32)      fp16 bits of the scale d of block b of row 32p+j
-  Q4_1  m   uint16 (P, K/32, 32)      fp16 bits of its min m
+  qs  Q8_0    int8   (P, K, 32)       qs[p, k, j] = quant k of row 32p+j                    1 B/weight
+      others  uint32 (P, nb, 4, 32)   qs[p, b, g, j] = the low 4 bits of elements 32b+8g .. 32b+8g+7
+                                      of row 32p+j, element 32b+8g+i in bits 4i..4i+3       0.5 B/weight
+  qh  Q5_0,   uint32 (P, nb, 32)      bit e: the 5th bit of element 32b+e of row 32p+j
+      Q5_K
+      Q6_K    uint32 (P, nb, 2, 32)   qh[p, b, h, j] bits 2i, 2i+1: the high 2 bits of element 32b+16h+i
+  sc  Q4_K,   uint8  (P, ns, 12, 32)  the 12 bytes of 6-bit sub-block scales and mins, as stored
+      Q5_K
+      Q6_K    int8   (P, ns, 16, 32)  the 16 int8 scales (one per 16 elements), as stored
+  d   all     uint16 (P, nb, 32)      fp16 bits of the scale d of block b of row 32p+j (K-quants:
+                                      (P, ns, 32), super-block s's d)
+  m   Q4_1    uint16 (P, nb, 32)      fp16 bits of its min m
+      Q4_K,   uint16 (P, ns, 32)      fp16 bits of super-block s's dmin
+      Q5_K
 
-i.e. exactly GGUF's bytes per weight (34/32, 18/32, 20/32). The 4-bit quants are regrouped from ggml's
-byte order (byte i: element i in the low nibble, element 16+i in the high one) into 32-bit words of 8
-consecutive elements, so that one shift (and a mask or a table lookup) gives L lanes' quants for one
-k: decode is compute-bound, and this costs fewer instructions than unpacking bytes (about 8% faster).
+i.e. exactly GGUF's bytes per weight (34/32, 18/32, 20/32, 22/32, 144/256, 176/256, 210/256). The
+4-bit quants are regrouped from ggml's byte order (Q4_x/Q5_0 byte i: element i in the low nibble,
+element 16+i in the high one; Q4_K/Q5_K: sub-block 2c the low and 2c+1 the high nibbles of bytes
+32c..32c+31; Q6_K's own interleaving, `formats.dequant`) into 32-bit words of 8 consecutive elements,
+so that one shift (and a mask or a table lookup) gives L lanes' quants for one k: decode is
+compute-bound, and this costs fewer instructions than unpacking bytes (about 8% faster). The high bits
+are regrouped the same way (Q5_K's from bit i of its bytes 0..31 for sub-block i), the 6-bit scales
+and int8 scales are the stored bytes, moved.
 
 Rows past N (the last panel's padding) are zero bytes: weight 0, computed and never stored. The kernels
 widen fp16 scales exactly (F16C where the compile target has it, else an integer conversion);
@@ -30,7 +43,8 @@ integer widening differs from NumPy's.
 
 Rows move whole, so Q/K un-permutation and concatenation ([wq; wk; wv], [w1; w3]) happen on the raw
 block rows: `pack_parts([(raw_q, order_q), (raw_k, order_k), (raw_v, None)], type, dim)` is the matrix
-the fp32 path builds by concatenating the dequantized rows in those orders.
+the fp32 path builds by concatenating the dequantized rows in those orders. A matrix kind whose layers
+or runs of rows have different types is a `MixedPanels` (below): each run kept in its own type.
 """
 
 from __future__ import annotations
@@ -40,14 +54,17 @@ from typing import Sequence
 
 import numpy as np
 
-from ...formats.ggml import GGML_TYPES, Q4_0, Q4_1, Q8_0
+from ...formats.ggml import GGML_TYPE_IDS, GGML_TYPES, Q4_0, Q4_1, Q8_0
 from .simd import HALF as QPANEL  # rows per quantized panel: the kernels' 32-lane vectors
 from .simd import LANES, from_f16_bits
 
-QBLOCK = 32  # elements per Q8_0 / Q4_0 / Q4_1 block
+QBLOCK = 32  # elements per Q8_0 / Q4_0 / Q4_1 / Q5_0 block, and per K-quant sub-block
+QK_K = 256  # elements per K-quant super-block
+Q5_0, Q4_K, Q5_K, Q6_K = (GGML_TYPE_IDS[t] for t in ("Q5_0", "Q4_K", "Q5_K", "Q6_K"))
+K_QUANTS = (Q4_K, Q5_K, Q6_K)
 
 #: ggml type ids the native path handles -> type name.
-NATIVE_TYPES = {Q8_0: "Q8_0", Q4_0: "Q4_0", Q4_1: "Q4_1"}
+NATIVE_TYPES = {t: GGML_TYPES[t].name for t in (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K)}
 
 
 def aligned_empty(shape, dtype, align: int = 64) -> np.ndarray:
@@ -70,16 +87,32 @@ def pack_panels(w: np.ndarray) -> np.ndarray:
     return out
 
 
+def _shapes(t: int, P: int, k: int) -> dict:
+    """The (dtype, shape) of each array of a type's quantized panels (None: absent), per the module
+    docstring; the scale arrays may be uint16 or float32."""
+    nb, ns = k // QBLOCK, k // QK_K
+    scale = (None, (P, ns if t in K_QUANTS else nb, QPANEL))
+    return {"qs": (np.int8, (P, k, QPANEL)) if t == Q8_0 else (np.uint32, (P, nb, 4, QPANEL)),
+            "d": scale,
+            "m": scale if t in (Q4_1, Q4_K, Q5_K) else None,
+            "sc": {Q4_K: (np.uint8, (P, ns, 12, QPANEL)), Q5_K: (np.uint8, (P, ns, 12, QPANEL)),
+                   Q6_K: (np.int8, (P, ns, 16, QPANEL))}.get(t),
+            "qh": {Q5_0: (np.uint32, (P, nb, QPANEL)), Q5_K: (np.uint32, (P, nb, QPANEL)),
+                   Q6_K: (np.uint32, (P, nb, 2, QPANEL))}.get(t)}
+
+
 @dataclass(frozen=True)
 class QPanels:
     """A quantized matrix W[n, k] in panel layout (see the module docstring)."""
 
-    ggml_type: int  # Q8_0, Q4_0 or Q4_1
+    ggml_type: int  # a key of NATIVE_TYPES
     n: int  # rows (outputs)
-    k: int  # row length (inputs), a multiple of 32
-    qs: np.ndarray  # Q8_0: int8 (P, k, 32); Q4_x: uint32 (P, k/32, 4, 32)
-    d: np.ndarray  # (P, k/32, 32) uint16 fp16 bits, or float32
-    m: np.ndarray | None = None  # Q4_1: like d; otherwise None
+    k: int  # row length (inputs), a multiple of 32 (of 256 for K-quants)
+    qs: np.ndarray  # Q8_0: int8 (P, k, 32); the others: uint32 (P, k/32, 4, 32)
+    d: np.ndarray  # (P, k/32, 32) (K-quants: (P, k/256, 32)) uint16 fp16 bits, or float32
+    m: np.ndarray | None = None  # Q4_1's mins, Q4_K/Q5_K's dmin: like d; otherwise None
+    sc: np.ndarray | None = None  # K-quants' sub-block scales (and mins); otherwise None
+    qh: np.ndarray | None = None  # Q5_0/Q5_K's 5th bits, Q6_K's high 2 bits; otherwise None
 
     @property
     def type_name(self) -> str:
@@ -89,37 +122,54 @@ class QPanels:
     def n_panels(self) -> int:
         return self.qs.shape[0]
 
+    def arrays(self) -> list[np.ndarray]:
+        return [a for a in (self.qs, self.d, self.m, self.sc, self.qh) if a is not None]
+
     @property
     def nbytes(self) -> int:
         """Bytes a full pass over the matrix reads (padding included)."""
-        return self.qs.nbytes + self.d.nbytes + (self.m.nbytes if self.m is not None else 0)
+        return sum(a.nbytes for a in self.arrays())
 
     def check(self) -> None:
         """Raise unless the arrays have this module's layout (the kernels read raw pointers)."""
-        P = self.qs.shape[0]
-        nb = self.k // QBLOCK
         t = self.ggml_type
-        if t == Q8_0:
-            want = (np.int8, (P, self.k, QPANEL))
-        elif t in (Q4_0, Q4_1):
-            want = (np.uint32, (P, nb, 4, QPANEL))
-        else:
+        if t not in NATIVE_TYPES:
             raise ValueError(f"QPanels: unsupported ggml type {t}")
-        scales = [self.d] + ([self.m] if t == Q4_1 else [])
-        if (self.k <= 0 or self.k % QBLOCK or (self.qs.dtype, self.qs.shape) != want or not self.qs.flags.c_contiguous
-                or P * QPANEL < self.n or any(not isinstance(s, np.ndarray) or s.dtype not in (np.uint16, np.float32)
-                                             or s.shape != (P, nb, QPANEL) or not s.flags.c_contiguous for s in scales)
-                or (t != Q4_1 and self.m is not None)):
+        P = self.qs.shape[0] if isinstance(self.qs, np.ndarray) and self.qs.ndim else 0
+        block = QK_K if t in K_QUANTS else QBLOCK
+        ok = self.k > 0 and self.k % block == 0 and P * QPANEL >= self.n
+        for name, want in _shapes(t, P, self.k).items() if ok else ():
+            a = getattr(self, name)
+            if want is None:
+                ok = ok and a is None
+                continue
+            dtypes = (np.uint16, np.float32) if want[0] is None else (want[0],)
+            ok = ok and (isinstance(a, np.ndarray) and a.dtype in dtypes and a.shape == want[1]
+                         and a.flags.c_contiguous)
+        if not ok:
             raise ValueError("QPanels: the packed arrays do not have the quantized panel layout")
 
 
 def as_storage(w):
-    """What the kernels take for a matrix: float panels as they are, `QPanels` as the tuple (qs, d, m)."""
-    return (w.qs, w.d, w.m) if isinstance(w, QPanels) else w
+    """What the kernels take for a matrix: float panels as they are, `QPanels` as the tuple (qs, d, m)
+    (Q8_0, Q4_0, Q4_1) or (qs, d, m, sc, qh) (Q5_0 and the K-quants), `MixedPanels` as (its table,
+    then each part as five slots: (qs, d, m, sc, qh), or float panels and four Nones)."""
+    if isinstance(w, MixedPanels):
+        # flat, as numba's parallel regions take no nested tuples: 5 slots per part
+        slots = [(p.qs, p.d, p.m, p.sc, p.qh) if isinstance(p, QPanels) else (p, None, None, None, None)
+                 for p in w.parts]
+        return (w.table,) + tuple(a for s in slots for a in s)
+    if not isinstance(w, QPanels):
+        return w
+    if w.sc is None and w.qh is None:
+        return (w.qs, w.d, w.m)
+    return (w.qs, w.d, w.m, w.sc, w.qh)
 
 
 _CHUNK_ROWS = 4096  # rows regrouped at a time (bounds the temporaries)
 _NIBBLE_SHIFTS = np.arange(0, 32, 4, dtype=np.uint32)
+_PAIR_SHIFTS = np.arange(0, 32, 2, dtype=np.uint32)
+_BIT_SHIFTS = np.arange(32, dtype=np.uint32)
 
 
 def _check_type(ggml_type) -> int:
@@ -132,9 +182,9 @@ def _check_type(ggml_type) -> int:
 
 def _rows(raw: np.ndarray, tid: int, k: int, order) -> np.ndarray:
     t = GGML_TYPES[tid]
-    if k <= 0 or k % QBLOCK:
-        raise ValueError(f"row length must be a positive multiple of {QBLOCK}, got {k}")
-    row_bytes = k // QBLOCK * t.type_size
+    if k <= 0 or k % t.block_size:
+        raise ValueError(f"row length must be a positive multiple of {t.block_size}, got {k}")
+    row_bytes = k // t.block_size * t.type_size
     if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8:
         raise TypeError("raw rows must be a uint8 numpy array")
     if raw.size % row_bytes:
@@ -149,12 +199,20 @@ def _rows(raw: np.ndarray, tid: int, k: int, order) -> np.ndarray:
     return rows
 
 
-def _scales(cols: np.ndarray, n_pad: int, P: int, nb: int) -> np.ndarray:
-    """(N, nb, 2) fp16 bytes -> (P, nb, 32) uint16 bits, or float32 when the kernel's integer widening
-    would not reproduce NumPy's cast bit for bit (only possible for NaN scales)."""
-    bits = np.zeros((n_pad, nb), np.uint16)
-    bits[:cols.shape[0]] = np.ascontiguousarray(cols).view("<u2").reshape(cols.shape[0], nb)
-    bits = np.ascontiguousarray(bits.reshape(P, QPANEL, nb).transpose(0, 2, 1))
+def _into_panels(dst: np.ndarray, r0: int, a: np.ndarray) -> None:
+    """Per-row data a (m, ...) of rows r0.. (r0 a multiple of 32) into panels dst (P, ..., 32): row
+    32p + j at [p, ..., j]; rows past the end of a last, partial panel zero."""
+    m = a.shape[0]
+    full = -(-m // QPANEL) * QPANEL
+    if full != m:
+        a = np.concatenate([a, np.zeros((full - m,) + a.shape[1:], a.dtype)])
+    dst[r0 // QPANEL:(r0 + full) // QPANEL] = np.moveaxis(a.reshape((full // QPANEL, QPANEL) + a.shape[1:]), 1, -1)
+
+
+def _scale_storage(bits: np.ndarray) -> np.ndarray:
+    """fp16 scale bits as the kernels take them: the bits, or NumPy's float32 widening of them when
+    the kernel's integer widening would not reproduce NumPy's cast bit for bit (only possible for
+    NaN scales)."""
     want = bits.view(np.float16).astype(np.float32)  # quants._f16's widening
     # Signaling NaNs are the one input on which the kernels' widenings (integer, or F16C, which
     # quiets them) may differ from each other and from NumPy's.
@@ -162,6 +220,67 @@ def _scales(cols: np.ndarray, n_pad: int, P: int, nb: int) -> np.ndarray:
     if not snan.any() and np.array_equal(from_f16_bits(bits).view(np.uint32), want.view(np.uint32)):
         return bits
     return want
+
+
+def _words(vals: np.ndarray, shifts: np.ndarray) -> np.ndarray:
+    """(n, m) small unsigned values (< 2**(32 / len(shifts))) -> (n, m / len(shifts)) uint32 words,
+    consecutive values in consecutive bit fields from bit 0."""
+    v = vals.astype(np.uint32).reshape(vals.shape[0], -1, shifts.size) << shifts
+    return np.bitwise_or.reduce(v, axis=2)
+
+
+def _low4(tid: int, b: np.ndarray) -> np.ndarray:
+    """(n, blocks, type_size) bytes -> (n, K) the low 4 bits of each element, in element order."""
+    n = b.shape[0]
+    if tid in (Q4_0, Q4_1, Q5_0):  # byte i: element i low, 16 + i high
+        raw_q = b[:, :, {Q4_0: 2, Q4_1: 4, Q5_0: 6}[tid]:][:, :, :16]
+        return np.concatenate([raw_q & np.uint8(15), raw_q >> np.uint8(4)], axis=2).reshape(n, -1)
+    if tid in (Q4_K, Q5_K):  # bytes 32c + l: element l of sub-block 2c low, of 2c + 1 high
+        qs = b[:, :, 16 if tid == Q4_K else 48:][:, :, :128].reshape(n, -1, 4, 1, 32)
+        return np.concatenate([qs & np.uint8(15), qs >> np.uint8(4)], axis=3).reshape(n, -1)
+    # Q6_K: formats.dequant's order: half h, then [ql[0:32] low, ql[32:64] low, ql[0:32] high, ql[32:64] high]
+    ql = b[:, :, 0:128].reshape(n, -1, 2, 2, 32)
+    return np.concatenate([ql & np.uint8(15), ql >> np.uint8(4)], axis=3).reshape(n, -1)
+
+
+def _high(tid: int, b: np.ndarray) -> np.ndarray:
+    """(n, blocks, type_size) bytes -> (n, K) the high bits of each element (Q5_0, Q5_K: 1; Q6_K: 2)."""
+    n = b.shape[0]
+    if tid == Q5_0:  # bit e of the little-endian uint32 at bytes 2..5: element e
+        return np.unpackbits(b[:, :, 2:6], axis=2, bitorder="little").reshape(n, -1)
+    if tid == Q5_K:  # bit i of byte l of qh[32] (bytes 16..47): element l of sub-block i
+        bits_ = np.unpackbits(b[:, :, 16:48, None], axis=3, bitorder="little")  # (n, ns, l, i)
+        return np.ascontiguousarray(bits_.transpose(0, 1, 3, 2)).reshape(n, -1)
+    # Q6_K: byte l of half h's qh[32] (bytes 128 + 32h + l): bits 2r..2r+1 for element 128h + 32r + l
+    qh = b[:, :, 128:192].reshape(n, -1, 2, 1, 32)
+    return ((qh >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)) & np.uint8(3)).reshape(n, -1)
+
+
+def _fields(tid: int, c: np.ndarray) -> dict:
+    """A chunk of block rows c (m, blocks, type_size) -> its rows' data for each panel array (m, ...):
+    the bytes moved, or bit fields regrouped (the module docstring); nothing computed."""
+    m = c.shape[0]
+
+    def bits(o):  # fp16 scales at byte o of each block
+        return np.ascontiguousarray(c[:, :, o:o + 2]).view("<u2")[:, :, 0].astype(np.uint16)
+
+    if tid == Q8_0:
+        f = {"qs": c[:, :, 2:34].reshape(m, -1).view(np.int8)}
+    else:
+        f = {"qs": _words(_low4(tid, c), _NIBBLE_SHIFTS).reshape(m, -1, 4)}
+    if tid in (Q5_0, Q5_K):
+        f["qh"] = _words(_high(tid, c), _BIT_SHIFTS)
+    elif tid == Q6_K:
+        f["qh"] = _words(_high(tid, c), _PAIR_SHIFTS).reshape(m, -1, 2)
+    if tid == Q6_K:
+        f["d"], f["sc"] = bits(208), c[:, :, 192:208].view(np.int8)
+    else:
+        f["d"] = bits(0)
+        if tid in (Q4_1, Q4_K, Q5_K):
+            f["m"] = bits(2)
+        if tid in (Q4_K, Q5_K):
+            f["sc"] = c[:, :, 4:16]
+    return f
 
 
 def pack_parts(parts: Sequence[tuple], ggml_type: int, k: int) -> QPanels:
@@ -183,29 +302,19 @@ def pack_parts(parts: Sequence[tuple], ggml_type: int, k: int) -> QPanels:
     n = rows.shape[0]
     if n == 0:
         raise ValueError("no rows to pack")
-    nb = k // QBLOCK
     t = GGML_TYPES[tid]
     P = -(-n // QPANEL)
-    n_pad = P * QPANEL
-    b = rows.reshape(n, nb, t.type_size)
-    if tid == Q8_0:
-        q = np.zeros((n_pad, nb, QBLOCK), np.uint8)
-        q[:n] = b[:, :, 2:34]
-        qs = np.ascontiguousarray(q.reshape(P, QPANEL, k).transpose(0, 2, 1)).view(np.int8)
-        return QPanels(tid, n, k, qs, _scales(b[:, :, 0:2], n_pad, P, nb))
-    off = 2 if tid == Q4_0 else 4
-    words = np.zeros((n_pad, nb, 4), np.uint32)
+    b = rows.reshape(n, k // t.block_size, t.type_size)
+    # a few thousand rows at a time, straight into the panels: temporaries stay small
+    out = {name: aligned_empty(want[1], want[0] or np.uint16)
+           for name, want in _shapes(tid, P, k).items() if want is not None}
     for r0 in range(0, n, _CHUNK_ROWS):
-        raw_q = b[r0:r0 + _CHUNK_ROWS, :, off:off + 16]
-        nib = np.empty(raw_q.shape[:2] + (32,), np.uint32)
-        nib[:, :, :16] = raw_q & np.uint8(15)  # elements 0..15
-        nib[:, :, 16:] = raw_q >> np.uint8(4)  # elements 16..31
-        nib = nib.reshape(nib.shape[0], nb, 4, 8) << _NIBBLE_SHIFTS
-        words[r0:r0 + nib.shape[0]] = np.bitwise_or.reduce(nib, axis=3)
-    qs = np.ascontiguousarray(words.reshape(P, QPANEL, nb, 4).transpose(0, 2, 3, 1))
-    d = _scales(b[:, :, 0:2], n_pad, P, nb)
-    m = _scales(b[:, :, 2:4], n_pad, P, nb) if tid == Q4_1 else None
-    return QPanels(tid, n, k, qs, d, m)
+        for name, a in _fields(tid, b[r0:r0 + _CHUNK_ROWS]).items():
+            _into_panels(out[name], r0, a)
+    for name in ("d", "m"):
+        if name in out:
+            out[name] = _scale_storage(out[name])
+    return QPanels(tid, n, k, out["qs"], out["d"], out.get("m"), out.get("sc"), out.get("qh"))
 
 
 def pack_quantized(raw_rows: np.ndarray, ggml_type: int, k: int, row_order: np.ndarray | None = None) -> QPanels:
@@ -224,6 +333,8 @@ def stack(layers: Sequence[QPanels]) -> QPanels:
         raise ValueError("stack: the matrices differ in type or shape")
 
     def st(arrs):
+        if arrs[0] is None:
+            return None
         if len({a.dtype for a in arrs}) > 1:
             arrs = [a if a.dtype == np.float32 else a.view(np.float16).astype(np.float32) for a in arrs]
         out = np.empty((len(arrs),) + arrs[0].shape, arrs[0].dtype)
@@ -231,5 +342,174 @@ def stack(layers: Sequence[QPanels]) -> QPanels:
             out[i] = a
         return out
 
-    return QPanels(first.ggml_type, first.n, first.k, st([q.qs for q in layers]), st([q.d for q in layers]),
-                   None if first.m is None else st([q.m for q in layers]))
+    return QPanels(first.ggml_type, first.n, first.k,
+                   *(st([getattr(q, f) for q in layers]) for f in ("qs", "d", "m", "sc", "qh")))
+
+
+def layer_of(st: QPanels, li: int) -> QPanels:
+    """Layer li of a stack (`stack`'s inverse for one layer): views, no copies."""
+    return QPanels(st.ggml_type, st.n, st.k,
+                   *(None if a is None else a[li] for a in (st.qs, st.d, st.m, st.sc, st.qh)))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Matrix kinds whose rows are not all one storage type.
+
+@dataclass(frozen=True)
+class MixedPanels:
+    """A matrix kind, stacked over layers, whose rows are not one storage type: layers of different
+    types (a Q4_K_M file's ffn_down: Q4_K in some layers, Q6_K in others) or a layer's rows in runs
+    of different types ([wq; wk] Q5_0 and wv Q8_0). Each run (a segment) starts at an output row that
+    is a multiple of 64, so that every prefill group of 64 outputs and every decode unit of 32 lies in
+    one segment and is read exactly as a matrix of the segment's type would be: the same weights in
+    the same sums.
+
+    parts: one storage per kind (a QPanels without the layer axis, or float panels (P, k, 64) of
+    float32 or fp16 bits), the panels of all its segments one after another (a quantized segment
+    padded with a zero panel to an even count, so that a prefill pair never straddles two).
+    table: (L, S + 1, 4) int64, row s of layer l its segment s as (part, first panel in the part,
+    first output row, first decode unit); rows past a layer's segments, and the last, are
+    (-1, 0, n, the layer's decode units)."""
+
+    n: int
+    k: int
+    parts: tuple
+    table: np.ndarray
+
+    @property
+    def type_name(self) -> str:
+        return "+".join(_kind_name(p) for p in self.parts)
+
+    def arrays(self) -> list[np.ndarray]:
+        return [a for p in self.parts for a in (p.arrays() if isinstance(p, QPanels) else [p])]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays())
+
+    def check(self) -> None:
+        """Raise unless the parts and the table fit each other (the kernels read raw pointers)."""
+        t = self.table
+        ok = isinstance(t, np.ndarray) and t.dtype == np.int64 and t.ndim == 3 and t.shape[2] == 4 and t.shape[1] >= 2
+        ok = ok and t.flags.c_contiguous and bool(self.parts)
+        for p in self.parts if ok else ():
+            if isinstance(p, QPanels):
+                p.check()
+                ok = ok and p.k == self.k
+            else:
+                ok = ok and (isinstance(p, np.ndarray) and p.dtype in (np.float32, np.uint16) and p.ndim == 3
+                             and p.shape[1:] == (self.k, LANES) and p.flags.c_contiguous)
+        for lt in t if ok else ():
+            ok = ok and tuple(lt[-1]) == (-1, 0, self.n, lt[-1, 3]) and lt[0, 2] == 0
+            for s in range(t.shape[1] - 1):
+                part, p0, r0, u0 = (int(v) for v in lt[s])
+                r1, u1 = int(lt[s + 1, 2]), int(lt[s + 1, 3])
+                if part < 0:
+                    ok = ok and (r0, u0) == (r1, u1) == (self.n, lt[-1, 3])
+                    continue
+                if not (0 <= part < len(self.parts) and r0 % LANES == 0 and r0 < r1 <= self.n and u0 == r0 // QPANEL):
+                    ok = False
+                    break
+                st = self.parts[part]
+                quant = isinstance(st, QPanels)
+                need = -(-(r1 - r0) // (QPANEL if quant else LANES))
+                ok = ok and u1 - u0 == (need if quant else 2 * need) and 0 <= p0 and p0 + need <= st_panels(st)
+                ok = ok and (not quant or (p0 % 2 == 0 and p0 + need + need % 2 <= st_panels(st)))
+        if not ok:
+            raise ValueError("MixedPanels: the parts and the segment table do not fit")
+
+
+def st_panels(st) -> int:
+    return st.qs.shape[0] if isinstance(st, QPanels) else st.shape[0]
+
+
+def _kind_name(st) -> str:
+    if isinstance(st, QPanels):
+        return st.type_name
+    return "f16" if st.dtype == np.uint16 else "f32"
+
+
+def pack_mixed(layers: Sequence[Sequence[tuple]], k: int) -> MixedPanels:
+    """Layers of segments -> MixedPanels. `layers[l]` is layer l's segments in row order, each
+    (key, rows, make): key a NATIVE_TYPES id, "f16" or "f32"; rows its row count; make() its
+    storage: QPanels of that type, or float panels (ceil(rows / 64), k, 64) of fp16 bits ("f16") or
+    float32. Segments must start at rows that are multiples of 64 and the layers must have equal row
+    counts. make() is called once per segment, in order, its result copied into its part and dropped,
+    so that packing holds the parts and one segment."""
+    keys, panels, n = [], {}, None
+    for segs in layers:
+        r0 = 0
+        for key, rows, _ in segs:
+            if r0 % LANES or rows <= 0:
+                raise ValueError(f"pack_mixed: a segment starts at row {r0}, not a multiple of {LANES}")
+            if key not in panels:
+                keys.append(key)
+                panels[key] = 0
+            quant = key not in ("f16", "f32")
+            np_ = -(-rows // (QPANEL if quant else LANES))
+            panels[key] += np_ + (np_ % 2 if quant else 0)
+            r0 += rows
+        if n is not None and r0 != n:
+            raise ValueError("pack_mixed: the layers differ in row count")
+        n = r0
+    S = max(len(segs) for segs in layers)
+    table = np.zeros((len(layers), S + 1, 4), np.int64)
+    parts: dict = {}
+    fill = dict.fromkeys(keys, 0)
+    for li, segs in enumerate(layers):
+        r0 = 0
+        for s, (key, rows, make) in enumerate(segs):
+            st = make()
+            quant = key not in ("f16", "f32")
+            if quant:
+                _check_type(key)
+                if not (isinstance(st, QPanels) and st.ggml_type == key and st.n == rows and st.k == k):
+                    raise ValueError("pack_mixed: a segment's storage does not match its key")
+                if key not in parts:
+                    parts[key] = _empty_qpanels(key, panels[key], k, st)
+                parts[key] = _put(parts[key], fill[key], st)
+            else:
+                want = np.uint16 if key == "f16" else np.float32
+                if not (isinstance(st, np.ndarray) and st.dtype == want and st.shape == (-(-rows // LANES), k, LANES)):
+                    raise ValueError("pack_mixed: a segment's storage does not match its key")
+                if key not in parts:
+                    parts[key] = aligned_empty((panels[key], k, LANES), want)
+                parts[key][fill[key]:fill[key] + st.shape[0]] = st
+            table[li, s] = (keys.index(key), fill[key], r0, r0 // QPANEL)
+            np_ = st_panels(st)
+            fill[key] += np_ + (np_ % 2 if quant else 0)
+            r0 += rows
+            last_units = np_ if quant else 2 * np_
+            del st
+        table[li, len(segs):] = (-1, 0, n, table[li, len(segs) - 1, 3] + last_units)
+    mixed = MixedPanels(n, k, tuple(parts[key] for key in keys), table)
+    mixed.check()
+    return mixed
+
+
+def _empty_qpanels(tid: int, P: int, k: int, like: QPanels) -> QPanels:
+    """Zero quantized panels of type tid, P panels, scales of `like`'s dtype."""
+    arrays = {}
+    for name, want in _shapes(tid, P, k).items():
+        if want is not None:
+            arrays[name] = np.zeros(want[1], want[0] if want[0] is not None else getattr(like, name).dtype)
+    return QPanels(tid, P * QPANEL, k, arrays["qs"], arrays["d"], arrays.get("m"), arrays.get("sc"), arrays.get("qh"))
+
+
+def _put(part: QPanels, p0: int, seg: QPanels) -> QPanels:
+    """Copy seg's panels into part at panel p0 (scales widened to float32 where the two differ: only
+    possible with NaN scales, `_scales`); returns the part (a new one when a scale array is widened)."""
+    fields = {}
+    for name in ("qs", "d", "m", "sc", "qh"):
+        a, b = getattr(part, name), getattr(seg, name)
+        if a is None:
+            fields[name] = None
+            continue
+        if a.dtype != b.dtype:  # uint16 fp16 bits vs NumPy's float32 widening
+            if a.dtype == np.uint16:
+                a = a.view(np.float16).astype(np.float32)
+            else:
+                b = b.view(np.float16).astype(np.float32)
+        a[p0:p0 + b.shape[0]] = b
+        fields[name] = a
+    return QPanels(part.ggml_type, part.n, part.k, **fields)

@@ -1,5 +1,6 @@
 """How the one matrix product (`matmul.py`) reads each storage type: float panels (float32 or fp16
-bits) and GGUF's quantized blocks (Q8_0, Q4_0, Q4_1) in the panel layout of `layout.py`.
+bits) and GGUF's quantized blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K) in the panel layout of
+`layout.py`.
 
 Every weight reaches the sum as exactly the float32 value `formats.dequant` gives it (`qblocks.py`
 says how, type by type), so every storage type computes the bits of the float32 matrix.
@@ -29,12 +30,20 @@ from .tiles import dot1, dot1_half, put, tiles4, tiles6
 # ---------------------------------------------------------------------------------------------------
 # The storage interface (module docstring).
 
+def _is_mixed(w) -> bool:
+    """A `layout.MixedPanels` storage: (table, 5 slots per part), `layout.as_storage`."""
+    return (isinstance(w, types.BaseTuple) and len(w) > 1 and len(w) % 5 == 1 and isinstance(w[0], types.Array)
+            and w[0].dtype == types.int64)
+
+
 def units(w):
     raise NotImplementedError("units is for jitted code")
 
 
 @overload(units)
 def _units(w):
+    if _is_mixed(w):
+        return lambda w: w[0][w[0].shape[0] - 1, 3]
     if isinstance(w, types.BaseTuple):
         return lambda w: w[0].shape[0]
     return lambda w: 2 * w.shape[0]
@@ -46,6 +55,8 @@ def groups(w):
 
 @overload(groups)
 def _groups(w):
+    if _is_mixed(w):
+        return lambda w: (w[0][w[0].shape[0] - 1, 2] + LANES - 1) // LANES
     if isinstance(w, types.BaseTuple):
         return lambda w: (w[0].shape[0] + 1) // 2
     return lambda w: w.shape[0]
@@ -65,19 +76,21 @@ def _tiling(w):
     return lambda w: (4, 8)
 
 
-def gemv_units(x, w, n_out, out, u0, u1):
-    raise NotImplementedError("gemv_units is for jitted code")
+def _gemv_at(x, w, p0, n_out, out, u0, u1, c0):
+    raise NotImplementedError("_gemv_at is for jitted code")
 
 
-@overload(gemv_units)
-def _gemv_units(x, w, n_out, out, u0, u1):
+@overload(_gemv_at, inline="always")
+def _gemv_at_impl(x, w, p0, n_out, out, u0, u1, c0):
+    """gemv_units on the panels from p0 on (32-row quantized panels, or 64-row float panels) of w,
+    writing output u * 32 + j at column c0 + u * 32 + j (clipped at n_out)."""
     if isinstance(w, types.BaseTuple):
-        def quantized(x, w, n_out, out, u0, u1):
+        def quantized(x, w, p0, n_out, out, u0, u1, c0):
             for u in range(u0, u1):
-                put(out, 0, u * HALF, n_out, q_unit(x, w[0], w[1], w[2], u), HALF)
+                put(out, 0, c0 + u * HALF, n_out, q_unit(x, w, p0 + u), HALF)
         return quantized
 
-    def panels(x, w, n_out, out, u0, u1):
+    def panels(x, w, p0, n_out, out, u0, u1, c0):
         # Two halves of one panel in the range run as one panel. Decode gives each thread an equal
         # run of units, so a panel count that does not split evenly is balanced by halving one panel.
         K = x.shape[1]
@@ -85,13 +98,109 @@ def _gemv_units(x, w, n_out, out, u0, u1):
         while u < u1:
             p = u // 2
             if u % 2 == 0 and u + 2 <= u1:
-                put(out, 0, p * LANES, n_out, dot1(x, 0, K, w, p * K * LANES), LANES)
+                put(out, 0, c0 + p * LANES, n_out, dot1(x, 0, K, w, (p0 + p) * K * LANES), LANES)
                 u += 2
             else:
                 hoff = (u % 2) * HALF
-                put(out, 0, p * LANES + hoff, n_out, dot1_half(x, 0, K, w, p * K * LANES + hoff), HALF)
+                put(out, 0, c0 + p * LANES + hoff, n_out, dot1_half(x, 0, K, w, (p0 + p) * K * LANES + hoff), HALF)
                 u += 1
     return panels
+
+
+def _fill_at(w, p0, g, wbuf):
+    raise NotImplementedError("_fill_at is for jitted code")
+
+
+@overload(_fill_at, inline="always")
+def _fill_at_impl(w, p0, g, wbuf):
+    """Group g of the panels from p0 on (even for quantized panels) of w as float32 in
+    wbuf[k * 64 + lane]: a quantized pair dequantized, float panels widened exactly or copied."""
+    if isinstance(w, types.BaseTuple):
+        def quantized(w, p0, g, wbuf):
+            pair = p0 // 2 + g
+            if 2 * pair + 1 >= w[0].shape[0]:
+                wbuf[:] = 0  # no second panel: zero weights, as in prefill_group
+            q_dequantize_pair(w, pair, wbuf)
+        return quantized
+
+    def panels(w, p0, g, wbuf):
+        K = w.shape[1]
+        for k in range(K):
+            v_store(wbuf, k * LANES, v_load(w, ((p0 + g) * K + k) * LANES))
+    return panels
+
+
+# One compiled function per storage type for a segment of a mixed kind (`layout.MixedPanels`), shared
+# by every kind that has a part of that type (inlining each part's kernels into one function made
+# the compile several times slower).
+
+@njit(cache=True)
+def _seg_gemv(x, w, p0, n_out, out, u0, u1, c0):
+    _gemv_at(x, w, p0, n_out, out, u0, u1, c0)
+
+
+@njit(cache=True)
+def _seg_fill(w, p0, g, wbuf):
+    _fill_at(w, p0, g, wbuf)
+
+
+_ARGS = {"_seg_gemv": ("x, ", "p0, n_out, out, u0, u1, c0"), "_seg_fill": ("", "p0, g, wbuf")}
+
+
+def _part_call(what: str, w):
+    """f(w, i, ...) running what(..., part i of the mixed storage w, ...) for a runtime index i: numba
+    needs each part's type spelled out, so one branch per part. Part i is the slots
+    w[1 + 5i : 6 + 5i]: a quantized storage tuple (qs, d, m, sc, qh), or float panels and four Nones."""
+    pre, args = _ARGS[what]
+    lines = [f"def f(w, i, {pre}{args}):"]
+    for i in range((len(w) - 1) // 5):
+        o = 1 + 5 * i
+        part = f"w[{o}]" if isinstance(w[o + 1], types.NoneType) else f"(w[{o}], w[{o + 1}], w[{o + 2}], w[{o + 3}], w[{o + 4}])"
+        lines.append(f"    {'if' if i == 0 else 'elif'} i == {i}:")
+        lines.append(f"        {what}({pre}{part}, {args})")
+    env = {"_seg_gemv": _seg_gemv, "_seg_fill": _seg_fill}
+    exec("\n".join(lines), env)  # noqa: S102 (generated from the constants above)
+    return env["f"]
+
+
+def _mixed_gemv(w, i, x, p0, n_out, out, u0, u1, c0):
+    raise NotImplementedError("_mixed_gemv is for jitted code")
+
+
+def _mixed_fill(w, i, p0, g, wbuf):
+    raise NotImplementedError("_mixed_fill is for jitted code")
+
+
+@overload(_mixed_gemv, inline="always")
+def _mixed_gemv_impl(w, i, x, p0, n_out, out, u0, u1, c0):
+    return _part_call("_seg_gemv", w)
+
+
+@overload(_mixed_fill, inline="always")
+def _mixed_fill_impl(w, i, p0, g, wbuf):
+    return _part_call("_seg_fill", w)
+
+
+def gemv_units(x, w, n_out, out, u0, u1):
+    raise NotImplementedError("gemv_units is for jitted code")
+
+
+@overload(gemv_units)
+def _gemv_units(x, w, n_out, out, u0, u1):
+    if _is_mixed(w):
+        # Each segment's share of the units, read as its own storage type (layout.MixedPanels).
+        def mixed(x, w, n_out, out, u0, u1):
+            tab = w[0]
+            for s in range(tab.shape[0] - 1):
+                a = max(u0, tab[s, 3])
+                b = min(u1, tab[s + 1, 3])
+                if a < b and tab[s, 0] >= 0:
+                    _mixed_gemv(w, tab[s, 0], x, tab[s, 1], min(n_out, tab[s + 1, 2]), out, a - tab[s, 3],
+                                b - tab[s, 3], tab[s, 2])
+        return mixed
+    if isinstance(w, types.BaseTuple):  # the type's kernel compiled once, for every mm that reads it
+        return lambda x, w, n_out, out, u0, u1: _seg_gemv(x, w, 0, n_out, out, u0, u1, 0)
+    return lambda x, w, n_out, out, u0, u1: _gemv_at(x, w, 0, n_out, out, u0, u1, 0)
 
 
 def prefill_group(x, w, g, ta, tb, n_out, out):
@@ -100,11 +209,21 @@ def prefill_group(x, w, g, ta, tb, n_out, out):
 
 @overload(prefill_group)
 def _prefill_group(x, w, g, ta, tb, n_out, out):
+    if _is_mixed(w):
+        def mixed(x, w, g, ta, tb, n_out, out):
+            tab = w[0]
+            for s in range(tab.shape[0] - 1):
+                g0 = tab[s, 2] // LANES
+                if tab[s, 0] >= 0 and g0 <= g < (tab[s + 1, 2] + LANES - 1) // LANES:
+                    # the group's weights as float32, then the one tiling of every dequantized pair
+                    wbuf = np.empty(x.shape[1] * LANES, np.float32)
+                    _mixed_fill(w, tab[s, 0], tab[s, 1], g - g0, wbuf)
+                    tiles6(x, ta, tb, wbuf, 0, g * LANES, min(n_out, tab[s + 1, 2]), out)
+        return mixed
     if isinstance(w, types.BaseTuple):
         def quantized(x, w, g, ta, tb, n_out, out):
-            K = x.shape[1]
-            wbuf = np.empty(K * LANES, np.float32) if 2 * g + 1 < w[0].shape[0] else np.zeros(K * LANES, np.float32)
-            q_dequantize_pair(w[0], w[1], w[2], g, wbuf)
+            wbuf = np.empty(x.shape[1] * LANES, np.float32)
+            _seg_fill(w, 0, g, wbuf)  # dequantized (a missing second panel: zeros)
             tiles6(x, ta, tb, wbuf, 0, g * LANES, n_out, out)
         return quantized
     if w.dtype == types.uint16:
@@ -130,11 +249,24 @@ def layer(w, li):
 
 @overload(layer, inline="always")
 def _layer(w, li):
+    if _is_mixed(w):
+        return lambda w, li: (w[0][li],) + w[1:]
     if isinstance(w, types.BaseTuple):
-        if isinstance(w[2], types.NoneType):
-            return lambda w, li: (w[0][li], w[1][li], None)
-        return lambda w, li: (w[0][li], w[1][li], w[2][li])
+        if len(w) == 3:
+            return lambda w, li: (w[0][li], w[1][li], _pick(w[2], li))
+        return lambda w, li: (w[0][li], w[1][li], _pick(w[2], li), _pick(w[3], li), _pick(w[4], li))
     return lambda w, li: w[li]
+
+
+def _pick(a, li):
+    raise NotImplementedError("_pick is for jitted code")
+
+
+@overload(_pick, inline="always")
+def _pick_impl(a, li):
+    if isinstance(a, types.NoneType):
+        return lambda a, li: None
+    return lambda a, li: a[li]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -149,11 +281,10 @@ def embed_rows(table, ids, x):
 def _embed_rows(table, ids, x):
     if isinstance(table, types.BaseTuple):
         def quantized(table, ids, x):
-            qs, d, m = table
             for t in range(ids.shape[0]):
                 p, j = ids[t] // HALF, ids[t] % HALF
                 for k in range(x.shape[1]):
-                    x[t, k] = q_element(qs, d, m, p, k // QBLOCK, k % QBLOCK, j)
+                    x[t, k] = q_element(table, p, k // QBLOCK, k % QBLOCK, j)
         return quantized
     if table.ndim == 3:
         def panels(table, ids, x):

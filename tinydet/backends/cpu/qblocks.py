@@ -1,22 +1,32 @@
-"""GGUF's quantized blocks (Q8_0, Q4_0, Q4_1) in quantized panels (`layout.py`), read as float32.
+"""GGUF's quantized blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K) in quantized panels
+(`layout.py`), read as float32.
 
 Every weight reaches the sum as exactly the float32 value `formats.dequant` gives it, by the same
-operations on the same operands in the same order (fp16 scales widened exactly):
+operations on the same operands in the same order (fp16 scales widened exactly; q below is the quant
+as an integer, converted exactly):
   F32   w                            (as stored)
   F16   w widened                    (exact)
-  Q8_0  w = q * d                    (q = the int8 quant, converted exactly)
-  Q4_0  w = d * q                    (q = nibble - 8, an exact small integer, converted exactly)
-  Q4_1  w = (d * q) + m              (q = the nibble, converted exactly)
-dequant.py subtracts Q4_0's 8 in float32 (`float(nibble) - 8.0`); that subtraction is exact for all 16
-nibbles, so doing it on the integer before the exact conversion gives the same float. The one fused
-multiply-add is Q4_1's (d * q) + m where the target has FMA: d is an fp16 value and q a 4-bit
-integer, so d * q is exact in float32 and fusing skips a rounding that rounds nothing (`v_dq_add`).
+  Q8_0  w = q * d                    (q = the int8 quant)
+  Q4_0  w = d * q                    (q = nibble - 8)
+  Q4_1  w = (d * q) + m              (q = the nibble)
+  Q5_0  w = d * q                    (q = (nibble | 5th bit << 4) - 16)
+  Q4_K  w = (dl * q) - ml            dl = d * sc, ml = dmin * mn (sc, mn: the sub-block's 6-bit scale
+  Q5_K                               and min); q = the nibble (Q5_K: | 5th bit << 4)
+  Q6_K  w = dl * q                   dl = d * sc (sc: the 16 elements' int8 scale);
+                                     q = (nibble | high 2 bits << 4) - 32
+dequant.py subtracts Q4_0's 8 (Q5_0's 16, Q6_K's 32) in float32 (`float(q) - 8.0`); that subtraction is
+exact for every quant, so doing it on the integer before the exact conversion gives the same float.
+The fused multiply-adds are Q4_1's (d * q) + m and Q4_K/Q5_K's (dl * q) - ml where the target has
+FMA: d is an fp16 value (11 significant bits) and q a 4-bit integer, so d * q is exact in float32;
+dl = d * sc has at most 11 + 6 significant bits and is exact, and dl * q (q < 32) has at most 22, so
+it is exact too: fusing skips a rounding that rounds nothing (`v_dq_add`, `v_dq_sub`).
 
 Speed: decode of quantized panels is compute-bound here (dequantizing costs more instructions than the
 bytes it saves take to load), hence 32-lane panels and 4-bit quants regrouped into 32-bit words of 8:
 per 16 weights one shift, then either a mask and an exact int -> float conversion (any target) or,
 where the compile target has AVX-512F, one `vpermps` lookup in the 16-entry table of those same floats.
 Both give the quant's exact float; the tests compare the AVX-512 build with a NUMBA_CPU_NAME=generic one.
+The 5- and 6-bit quants add their high bits to the nibble as integers, then convert (exact).
 """
 
 from __future__ import annotations
@@ -118,9 +128,128 @@ def v_dq_add(typingctx, d, q, m):
     return _F32V32(d, q, m), codegen
 
 
-# Per panel p and quant block b the scales are at [(p * nb + b) * 32]; Q8_0's quant k at
-# [(p * K + k) * 32]; Q4_x's word g of block b at [((p * nb + b) * 4 + g) * 32], its nibble i (bits
-# 4i..4i+3) being element 8g + i of the block.
+
+
+@intrinsic
+def v_dq_sub(typingctx, dl, q, ml):
+    """(dl * q) - ml lane by lane (Q4_K/Q5_K), for dl = d * sc (d an fp16 value, sc < 64: at most 17
+    significant bits, exact) and q < 32: the product has at most 22 significant bits and is exact, so
+    rounding it first gives the same float as one fused multiply-add of -ml (a - b is a + (-b) in
+    IEEE arithmetic, zeros' signs included). Fused where the target has FMA; the same bits either way
+    (a NaN's payload aside)."""
+    if not (dl == _F32V32 and q == _F32V32 and ml == _F32V32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        a, b, c = args
+        if target_has(context, "fma"):
+            vt = _vec(_F)
+            name = f"llvm.fma.v{HALF}f32"
+            fn = builder.module.globals.get(name) or ir.Function(builder.module, ir.FunctionType(vt, [vt, vt, vt]), name)
+            return builder.call(fn, [a, b, builder.fneg(c)])
+        return builder.fsub(builder.fmul(a, b), c)
+
+    return _F32V32(dl, q, ml), codegen
+
+
+def _quant_bits(hi_mask: int, sub: int):
+    """An intrinsic (lo, li, lshift, hi, hi_idx, hshift) -> 32 lanes of the exact float of
+    (((lo[li:] >> lshift) & 15) | (((hi[hi_idx:] >> hshift) & hi_mask) << 4)) - sub: a 5-bit (hi_mask 1)
+    or 6-bit (hi_mask 3) quant from its nibble word and its high-bits word (uint32 arrays)."""
+    def impl(typingctx, lo, li, lshift, hi, hi_idx, hshift):
+        if not (_c_array(lo, types.uint32) and _c_array(hi, types.uint32)
+                and all(isinstance(a, types.Integer) for a in (li, lshift, hi_idx, hshift))):
+            return None
+
+        def codegen(context, builder, sig, args):
+            vi = _vec(_I32)
+            lp = _ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], vi)
+            hp = _ptr(context, builder, sig.args[3], args[3], args[4], sig.args[4], vi)
+            ls = broadcast(builder, vi, context.cast(builder, args[2], sig.args[2], types.uint32))
+            hs = broadcast(builder, vi, context.cast(builder, args[5], sig.args[5], types.uint32))
+            q = builder.and_(builder.lshr(builder.load(lp, align=4), ls), _splat(vi, 15))
+            h = builder.and_(builder.lshr(builder.load(hp, align=4), hs), _splat(vi, hi_mask))
+            q = builder.or_(q, builder.shl(h, _splat(vi, 4)))
+            if sub:
+                q = builder.sub(q, _splat(vi, sub))
+            return builder.sitofp(q, _vec(_F))
+
+        return _F32V32(lo, li, lshift, hi, hi_idx, hshift), codegen
+
+    return intrinsic(impl)
+
+
+v_q5_m16 = _quant_bits(1, 16)  # Q5_0: -16..15
+v_q5 = _quant_bits(1, 0)  # Q5_K: 0..31
+v_q6_m32 = _quant_bits(3, 32)  # Q6_K: -32..31
+
+
+def _k_scale_min(is_min: bool):
+    """An intrinsic (sc, base, j) -> 32 lanes of the exact float of sub-block j's (0..7) 6-bit scale
+    (or min) of Q4_K/Q5_K, from the 12 packed bytes at sc[base + 32 t:] (t = 0..11, a uint8 array):
+    ggml's get_scale_min_k4, as `formats.dequant._k_scale_min`:
+      scale: j < 4: B[j] & 63;     j >= 4: (B[j + 4] & 15) | ((B[j - 4] >> 6) << 4)
+      min:   j < 4: B[j + 4] & 63; j >= 4: (B[j + 4] >> 4) | ((B[j] >> 6) << 4)"""
+    def impl(typingctx, sc, base, j):
+        if not (_c_array(sc, types.uint8) and isinstance(base, types.Integer) and isinstance(j, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            vi = _vec(_I32)
+            ip = ir.IntType(64)
+            b0 = context.cast(builder, args[1], sig.args[1], types.int64)
+            jj = context.cast(builder, args[2], sig.args[2], types.int64)
+            lt4 = builder.icmp_signed("<", jj, ir.Constant(ip, 4))
+
+            def byte(t):  # 32 lanes of byte t, zero-extended
+                idx = builder.add(b0, builder.mul(t, ir.Constant(ip, HALF)))
+                p = _ptr(context, builder, sig.args[0], args[0], idx, types.int64, _vec(ir.IntType(8)))
+                return builder.zext(builder.load(p, align=1), vi)
+
+            j4 = builder.add(jj, ir.Constant(ip, 4))
+            if is_min:
+                a, b = byte(j4), byte(jj)
+                hi_part = builder.lshr(a, _splat(vi, 4))
+            else:
+                a = byte(builder.select(lt4, jj, j4))
+                b = byte(builder.select(lt4, jj, builder.sub(jj, ir.Constant(ip, 4))))
+                hi_part = builder.and_(a, _splat(vi, 15))
+            high = builder.or_(hi_part, builder.shl(builder.lshr(b, _splat(vi, 6)), _splat(vi, 4)))
+            v = builder.select(lt4, builder.and_(a, _splat(vi, 63)), high)
+            return builder.sitofp(v, _vec(_F))
+
+        return _F32V32(sc, base, j), codegen
+
+    return intrinsic(impl)
+
+
+v_k_scale = _k_scale_min(False)
+v_k_min = _k_scale_min(True)
+
+
+# Per panel p and quant block b (32 elements; K-quant sub-block j = b % 8 of super-block s = b // 8) the
+# scales are at [(p * nb + b) * 32] (K-quants: [(p * ns + s) * 32]); Q8_0's quant k at [(p * K + k) * 32];
+# the nibble word g of block b at [((p * nb + b) * 4 + g) * 32], its nibble i (bits 4i..4i+3) being
+# element 8g + i of the block; Q5_0/Q5_K's high bits of block b at [(p * nb + b) * 32] (bit e: element
+# e); Q6_K's at [((p * nb + b) * 2 + h) * 32] (bits 2i, 2i + 1: element 16h + i); K-quant scale byte t
+# of super-block s at [((p * ns + s) * T + t) * 32] (T = 12, Q6_K 16).
+
+def kind_of(w) -> str:
+    """The ggml type name of a quantized storage tuple's numba type (layout.as_storage): (qs, d, m) for
+    Q8_0/Q4_0/Q4_1, (qs, d, m, sc, qh) for Q5_0 and the K-quants (and for the first three, with sc and
+    qh None, as parts of a mixed storage); None for anything else."""
+    if not isinstance(w, types.BaseTuple) or len(w) not in (3, 5):
+        return None
+    qs, m = w[0], w[2]
+    sc, qh = (w[3], w[4]) if len(w) == 5 else (types.none, types.none)
+    if isinstance(sc, types.NoneType) and isinstance(qh, types.NoneType):
+        return "Q8_0" if qs.dtype == types.int8 else ("Q4_0" if isinstance(m, types.NoneType) else "Q4_1")
+    if isinstance(sc, types.NoneType):
+        return "Q5_0"
+    if sc.dtype == types.int8:
+        return "Q6_K"
+    return "Q4_K" if isinstance(qh, types.NoneType) else "Q5_K"
+
 
 def mins(m, idx):
     """Q4_1's 32 mins at m[idx:], or None for a type without mins."""
@@ -166,17 +295,58 @@ def _acc(a, w, x, xi, wbuf, wi):
     return lambda a, w, x, xi, wbuf, wi: v_add(a, v_mul(w, v32_splat(at(x, xi))))
 
 
-def q_block(qs, d, m, p, b, x, r0, a, wbuf, woff):
-    """Quant block b of panel p, its scales loaded once, each weight through `acc`: with x an array,
-    a plus the products with x[r0 + 32b + j], j in order (decode); with x None, the weights of element
-    j stored at wbuf[woff + 64 (32b + j):] (prefill's dequantized pair)."""
+def k_quant(qs, base, i, qh, hbase, e):
+    """Q4_K's nibble i of the words at qs[base:] (qh None), or Q5_K's 5-bit quant of element e of the
+    block (its 5th bits at qh[hbase:]), as 32 exact floats."""
+    raise NotImplementedError("k_quant is for jitted code")
+
+
+@overload(k_quant, inline="always")
+def _k_quant(qs, base, i, qh, hbase, e):
+    if isinstance(qh, types.NoneType):
+        return lambda qs, base, i, qh, hbase, e: v_nib(qs, base, 4 * i)
+    return lambda qs, base, i, qh, hbase, e: v_q5(qs, base, 4 * i, qh, hbase, e)
+
+
+def k_quant1(qs, qh, p, b, e, j):
+    """`k_quant` for one element (e of block b, row 32p + j), as a uint32."""
+    raise NotImplementedError("k_quant1 is for jitted code")
+
+
+@overload(k_quant1, inline="always")
+def _k_quant1(qs, qh, p, b, e, j):
+    u32 = np.uint32
+    if isinstance(qh, types.NoneType):
+        return lambda qs, qh, p, b, e, j: (qs[p, b, e // 8, j] >> u32(4 * (e % 8))) & u32(15)
+    return lambda qs, qh, p, b, e, j: (((qs[p, b, e // 8, j] >> u32(4 * (e % 8))) & u32(15))
+                                       | (((qh[p, b, j] >> u32(e)) & u32(1)) << u32(4)))
+
+
+def n_blocks(w):
+    """Blocks of 32 elements per row of a quantized storage tuple."""
+    raise NotImplementedError("n_blocks is for jitted code")
+
+
+@overload(n_blocks, inline="always")
+def _n_blocks(w):
+    if kind_of(w) == "Q8_0":
+        return lambda w: w[0].shape[1] // QBLOCK
+    return lambda w: w[0].shape[1]
+
+
+def q_block(w, p, b, x, r0, a, wbuf, woff):
+    """Quant block b of panel p of the storage tuple w, its scales loaded once, each weight through
+    `acc`: with x an array, a plus the products with x[r0 + 32b + j], j in order (decode); with x None,
+    the weights of element j stored at wbuf[woff + 64 (32b + j):] (prefill's dequantized pair)."""
     raise NotImplementedError("q_block is for jitted code")
 
 
 @overload(q_block, inline="always")
-def _q_block(qs, d, m, p, b, x, r0, a, wbuf, woff):
-    if qs.dtype == types.int8:
-        def q8(qs, d, m, p, b, x, r0, a, wbuf, woff):
+def _q_block(w, p, b, x, r0, a, wbuf, woff):
+    kind = kind_of(w)
+    if kind == "Q8_0":
+        def q8(w, p, b, x, r0, a, wbuf, woff):
+            qs, d = w[0], w[1]
             K, nb = qs.shape[1], d.shape[1]
             db = v32_load(d, (p * nb + b) * HALF)
             for k in range(b * QBLOCK, b * QBLOCK + QBLOCK):
@@ -184,60 +354,149 @@ def _q_block(qs, d, m, p, b, x, r0, a, wbuf, woff):
             return a
         return q8
 
-    def q4(qs, d, m, p, b, x, r0, a, wbuf, woff):
-        nb = d.shape[1]
-        db = v32_load(d, (p * nb + b) * HALF)
-        mb = mins(m, (p * nb + b) * HALF)
-        for g in range(4):
-            base = ((p * nb + b) * 4 + g) * HALF
-            kg = b * QBLOCK + 8 * g
-            for i in range(8):
-                a = acc(a, w_q4(qs, base, i, db, mb), x, r0 + kg + i, wbuf, woff + (kg + i) * LANES)
-        return a
-    return q4
+    if kind in ("Q4_0", "Q4_1"):
+        def q4(w, p, b, x, r0, a, wbuf, woff):
+            qs, d, m = w[0], w[1], w[2]
+            nb = d.shape[1]
+            db = v32_load(d, (p * nb + b) * HALF)
+            mb = mins(m, (p * nb + b) * HALF)
+            for g in range(4):
+                base = ((p * nb + b) * 4 + g) * HALF
+                kg = b * QBLOCK + 8 * g
+                for i in range(8):
+                    a = acc(a, w_q4(qs, base, i, db, mb), x, r0 + kg + i, wbuf, woff + (kg + i) * LANES)
+            return a
+        return q4
+
+    if kind == "Q5_0":
+        def q5_0(w, p, b, x, r0, a, wbuf, woff):
+            qs, d, qh = w[0], w[1], w[4]
+            nb = d.shape[1]
+            db = v32_load(d, (p * nb + b) * HALF)
+            hbase = (p * nb + b) * HALF
+            for g in range(4):
+                base = ((p * nb + b) * 4 + g) * HALF
+                kg = b * QBLOCK + 8 * g
+                for i in range(8):
+                    q = v_q5_m16(qs, base, 4 * i, qh, hbase, 8 * g + i)
+                    a = acc(a, v_mul(db, q), x, r0 + kg + i, wbuf, woff + (kg + i) * LANES)  # d * q
+            return a
+        return q5_0
+
+    if kind in ("Q4_K", "Q5_K"):
+        def k_type1(w, p, b, x, r0, a, wbuf, woff):
+            qs, d, dm, sc, qh = w[0], w[1], w[2], w[3], w[4]
+            nb, ns = qs.shape[1], d.shape[1]
+            s = p * ns + b // 8
+            j = b % 8
+            dl = v_mul(v32_load(d, s * HALF), v_k_scale(sc, s * 12 * HALF, j))  # d * sc
+            ml = v_mul(v32_load(dm, s * HALF), v_k_min(sc, s * 12 * HALF, j))  # dmin * mn
+            hbase = (p * nb + b) * HALF
+            for g in range(4):
+                base = ((p * nb + b) * 4 + g) * HALF
+                kg = b * QBLOCK + 8 * g
+                for i in range(8):
+                    q = k_quant(qs, base, i, qh, hbase, 8 * g + i)
+                    a = acc(a, v_dq_sub(dl, q, ml), x, r0 + kg + i, wbuf, woff + (kg + i) * LANES)  # (dl * q) - ml
+            return a
+        return k_type1
+
+    if kind == "Q6_K":
+        def q6_k(w, p, b, x, r0, a, wbuf, woff):
+            qs, d, sc, qh = w[0], w[1], w[3], w[4]
+            nb, ns = qs.shape[1], d.shape[1]
+            s = p * ns + b // 8
+            t = 2 * (b % 8)
+            db = v32_load(d, s * HALF)
+            dl0 = v_mul(db, v_q8(sc, (s * 16 + t) * HALF))  # d * sc, elements 0..15 of the block
+            dl1 = v_mul(db, v_q8(sc, (s * 16 + t + 1) * HALF))  # 16..31
+            for g in range(4):
+                base = ((p * nb + b) * 4 + g) * HALF
+                hbase = ((p * nb + b) * 2 + g // 2) * HALF
+                dl = dl0 if g < 2 else dl1
+                kg = b * QBLOCK + 8 * g
+                for i in range(8):
+                    q = v_q6_m32(qs, base, 4 * i, qh, hbase, 2 * (8 * (g % 2) + i))
+                    a = acc(a, v_mul(dl, q), x, r0 + kg + i, wbuf, woff + (kg + i) * LANES)  # dl * q
+            return a
+        return q6_k
 
 
 @njit(cache=True, inline="always")
-def q_unit(x, qs, d, m, p):
-    """Token 0 times quantized panel p: 32 outputs."""
+def q_unit(x, w, p):
+    """Token 0 times quantized panel p of the storage tuple w: 32 outputs."""
     K = x.shape[1]
     s0 = v32_zero()
     c0 = v32_zero()
     for k0 in range(0, K, KBLOCK):
         a0 = v32_zero()
         for b in range(k0 // QBLOCK, min(K, k0 + KBLOCK) // QBLOCK):
-            a0 = q_block(qs, d, m, p, b, x, 0, a0, x, 0)
+            a0 = q_block(w, p, b, x, 0, a0, x, 0)
         s0, c0 = kahan(a0, s0, c0)
     return s0
 
 
 @njit(cache=True, inline="always")
-def q_dequantize_pair(qs, d, m, g, wbuf):
+def q_dequantize_pair(w, g, wbuf):
     """Panels 2g and 2g + 1 dequantized into wbuf[k * 64 + lane] (a missing second panel: wbuf's zeros)."""
-    P = qs.shape[0]
+    P = w[0].shape[0]
     zero = v32_zero()
     for h in range(min(2, P - 2 * g)):
-        for b in range(d.shape[1]):
-            q_block(qs, d, m, 2 * g + h, b, None, 0, zero, wbuf, h * HALF)
+        for b in range(n_blocks(w)):
+            q_block(w, 2 * g + h, b, None, 0, zero, wbuf, h * HALF)
 
 
-def q_element(qs, d, m, p, b, e, j):
-    """Element 32b + e of row 32p + j, dequantized (a scalar, for embedding rows)."""
+def q_element(w, p, b, e, j):
+    """Element 32b + e of row 32p + j of the storage tuple w, dequantized (a scalar, for embedding rows)."""
     raise NotImplementedError("q_element is for jitted code")
 
 
 @overload(q_element, inline="always")
-def _q_element_impl(qs, d, m, p, b, e, j):
+def _q_element_impl(w, p, b, e, j):
     f32 = np.float32
-    if qs.dtype == types.int8:
-        return lambda qs, d, m, p, b, e, j: f32(qs[p, b * QBLOCK + e, j]) * widen(d[p, b, j])  # q * d
-    if isinstance(m, types.NoneType):
-        def q40(qs, d, m, p, b, e, j):
-            q = np.int32((qs[p, b, e // 8, j] >> np.uint32(4 * (e % 8))) & np.uint32(15)) - np.int32(8)
-            return widen(d[p, b, j]) * f32(q)  # d * (q - 8)
+    u32 = np.uint32
+    kind = kind_of(w)
+    if kind == "Q8_0":
+        return lambda w, p, b, e, j: f32(w[0][p, b * QBLOCK + e, j]) * widen(w[1][p, b, j])  # q * d
+    if kind == "Q4_0":
+        def q40(w, p, b, e, j):
+            q = np.int32((w[0][p, b, e // 8, j] >> u32(4 * (e % 8))) & u32(15)) - np.int32(8)
+            return widen(w[1][p, b, j]) * f32(q)  # d * (q - 8)
         return q40
-
-    def q41(qs, d, m, p, b, e, j):
-        q = np.int32((qs[p, b, e // 8, j] >> np.uint32(4 * (e % 8))) & np.uint32(15))
-        return (widen(d[p, b, j]) * f32(q)) + widen(m[p, b, j])  # (d * q) + m
-    return q41
+    if kind == "Q4_1":
+        def q41(w, p, b, e, j):
+            q = np.int32((w[0][p, b, e // 8, j] >> u32(4 * (e % 8))) & u32(15))
+            return (widen(w[1][p, b, j]) * f32(q)) + widen(w[2][p, b, j])  # (d * q) + m
+        return q41
+    if kind == "Q5_0":
+        def q50(w, p, b, e, j):
+            lo = (w[0][p, b, e // 8, j] >> u32(4 * (e % 8))) & u32(15)
+            hi = (w[4][p, b, j] >> u32(e)) & u32(1)
+            q = np.int32(lo | (hi << u32(4))) - np.int32(16)
+            return widen(w[1][p, b, j]) * f32(q)  # d * q
+        return q50
+    if kind in ("Q4_K", "Q5_K"):
+        def k_type1(w, p, b, e, j):
+            qs, d, dm, sc, qh = w[0], w[1], w[2], w[3], w[4]
+            s, jj = b // 8, b % 8
+            if jj < 4:
+                scale = sc[p, s, jj, j] & np.uint8(63)
+                mn = sc[p, s, jj + 4, j] & np.uint8(63)
+            else:
+                scale = (sc[p, s, jj + 4, j] & np.uint8(15)) | ((sc[p, s, jj - 4, j] >> np.uint8(6)) << np.uint8(4))
+                mn = (sc[p, s, jj + 4, j] >> np.uint8(4)) | ((sc[p, s, jj, j] >> np.uint8(6)) << np.uint8(4))
+            q = k_quant1(qs, qh, p, b, e, j)
+            dl = widen(d[p, s, j]) * f32(scale)  # d * sc
+            ml = widen(dm[p, s, j]) * f32(mn)  # dmin * mn
+            return (dl * f32(np.int32(q))) - ml
+        return k_type1
+    if kind == "Q6_K":
+        def q6k(w, p, b, e, j):
+            qs, d, sc, qh = w[0], w[1], w[3], w[4]
+            s = b // 8
+            lo = (qs[p, b, e // 8, j] >> u32(4 * (e % 8))) & u32(15)
+            hi = (qh[p, b, e // 16, j] >> u32(2 * (e % 16))) & u32(3)
+            q = np.int32(lo | (hi << u32(4))) - np.int32(32)
+            dl = widen(d[p, s, j]) * f32(sc[p, s, 2 * (b % 8) + e // 16, j])  # d * sc
+            return dl * f32(q)
+        return q6k

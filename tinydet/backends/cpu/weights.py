@@ -2,8 +2,10 @@
 
   fp32    every matrix as float32 panels
   fp16    every matrix as binary16 panels (rounded here, once, to nearest even; KV cache fp16 too)
-  native  each matrix as the file stores it: Q8_0/Q4_0/Q4_1 blocks as quantized panels, F16 as fp16
-          panels of the file's bits, other types dequantized to float32 panels; the bits of fp32
+  native  each matrix as the file stores it: Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/Q5_K/Q6_K blocks as quantized
+          panels, F16 as fp16 panels of the file's bits, other types dequantized to float32 panels; a
+          kind whose layers (or runs of rows) differ in type keeps each as stored (`MixedPanels`)
+          where the runs start at multiples of 64 rows; the bits of fp32
 Norm weights and biases stay float32. Matrices of one kind are stacked over layers (one array each,
 for the one-call forward pass); [wq; wk; wv] and [w1; w3] are packed as one matrix each. Packing goes
 a few thousand rows at a time and releases each part of the file as it is copied, so that loading
@@ -17,7 +19,8 @@ import numpy as np
 from ...config import ModelConfig
 from ...formats import Tensor
 from ...formats.ggml import F16
-from .layout import LANES, NATIVE_TYPES, QPanels, aligned_empty, pack_panels, pack_parts, stack
+from .layout import (LANES, NATIVE_TYPES, MixedPanels, QPanels, aligned_empty, layer_of, pack_mixed, pack_panels,
+                     pack_parts, stack)
 from .simd import to_f16_bits
 
 DTYPES = ("fp32", "fp16", "native")
@@ -82,10 +85,19 @@ def _release(per_layer) -> None:
             p.release()
 
 
+def _f16_panels(parts: list[Tensor]) -> np.ndarray:
+    """F16 tensors' rows concatenated as fp16 panels of the file's bits, moved as they are."""
+    def bits(p):
+        b = p.data.view("<u2").reshape(p.shape)
+        return b if p.row_order is None else b[p.row_order]
+    return pack_panels(np.concatenate([bits(p) for p in parts]).view(np.uint16))
+
+
 def _native_kind(per_layer: list[list[Tensor]]):
     """One matrix kind in native storage, stacked over layers: quantized panels when every part has
-    one Q8_0/Q4_0/Q4_1 type, fp16 panels of the file's bits when all are F16, else float32 panels of
-    the dequantized values."""
+    one type of NATIVE_TYPES, fp16 panels of the file's bits when all are F16, `MixedPanels` when the
+    types differ (between layers, or between parts whose runs start at multiples of 64 rows), else
+    float32 panels of the dequantized values."""
     kinds = {p.ggml_type for parts in per_layer for p in parts}
     kind = kinds.pop() if len(kinds) == 1 else None
     if kind in NATIVE_TYPES:
@@ -94,19 +106,59 @@ def _native_kind(per_layer: list[list[Tensor]]):
         _release(per_layer)
         return st
     if kind == F16:  # the file's fp16 bits, moved as they are
-        def bits(p):
-            b = p.data.view("<u2").reshape(p.shape)
-            return b if p.row_order is None else b[p.row_order]
-        st = _stack([pack_panels(np.concatenate([bits(p) for p in parts]).view(np.uint16)) for parts in per_layer])
+        st = _stack([_f16_panels(parts) for parts in per_layer])
         _release(per_layer)
         return st
+    if kind is None:
+        mixed = _mixed_kind(per_layer)
+        if mixed is not None:
+            return mixed
     return _pack_stack(per_layer, "fp32")
+
+
+def _segment_key(ggml_type: int):
+    return ggml_type if ggml_type in NATIVE_TYPES else ("f16" if ggml_type == F16 else "f32")
+
+
+def _mixed_kind(per_layer: list[list[Tensor]]) -> MixedPanels | None:
+    """A kind of several types as `MixedPanels`: in each layer, consecutive parts of one storage kind
+    are one segment. None where a segment would start at a row that is not a multiple of 64, or
+    where nothing would stay quantized (float32 panels then, as for one type)."""
+    k = per_layer[0][0].shape[1]
+    layers = []
+    for parts in per_layer:
+        segs, r0 = [], 0
+        for p in parts:
+            key = _segment_key(p.ggml_type)
+            if segs and segs[-1][0] == key:
+                segs[-1][1].append(p)
+            elif r0 % LANES:
+                return None
+            else:
+                segs.append((key, [p]))
+            r0 += p.shape[0]
+        layers.append(segs)
+    if all(key == "f32" for segs in layers for key, _ in segs):
+        return None
+
+    def make(key, ps):
+        def packed():
+            if key == "f32":
+                return _pack_float(ps, "fp32")  # releases each part as it goes
+            st = _f16_panels(ps) if key == "f16" else pack_parts([(p.data, p.row_order, p.ggml_type) for p in ps],
+                                                                 key, k)
+            for p in ps:
+                p.release()
+            return st
+        return packed
+
+    return pack_mixed([[(key, sum(p.shape[0] for p in ps), make(key, ps)) for key, ps in segs] for segs in layers], k)
 
 
 def _first(st):
     """Layer 0 of a stack (a matrix packed as a stack of one)."""
     if isinstance(st, QPanels):
-        return QPanels(st.ggml_type, st.n, st.k, st.qs[0], st.d[0], None if st.m is None else st.m[0])
+        return layer_of(st, 0)
     return st[0]
 
 
@@ -166,9 +218,10 @@ class CPUWeights:
             self.table = self.output
 
     def storage(self) -> dict[str, str]:
-        """How each matrix kind is stored: "f32", "f16" or a GGML quant type name."""
+        """How each matrix kind is stored: "f32", "f16" or a GGML quant type name ("Q6_K+Q4_K": a kind of
+        mixed types, `MixedPanels`, its parts in order)."""
         def kind(m):
-            if isinstance(m, QPanels):
+            if isinstance(m, (QPanels, MixedPanels)):
                 return m.type_name
             return "f16" if m.dtype == np.uint16 else "f32"
         out = {name: kind(getattr(self, name)) for name, _ in MATRICES}
@@ -180,7 +233,7 @@ class CPUWeights:
         """Bytes of weights held in memory (each array once)."""
         seen, total = set(), 0
         for a in vars(self).values():
-            parts = [a] if isinstance(a, np.ndarray) else [x for x in (a.qs, a.d, a.m) if x is not None]
+            parts = [a] if isinstance(a, np.ndarray) else a.arrays()
             for x in parts:
                 if id(x) not in seen:
                     seen.add(id(x))
