@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 import tinydet
+from gemma3gen import CHAT_TEMPLATE  # Google's Gemma 3 template; the Q4_K_M base-model file carries none
 from tinydet.hashing import file_sha256
-from tinydet.tools.golden import check_golden, read_golden
+from tinydet.tools.golden import check_golden, model_loader, read_golden
 from tinydet.tools.trace import diff_traces, run_trace, write_trace
 
 torch = pytest.importorskip("torch")
@@ -39,49 +40,6 @@ PROMPTS = [
     "two or three short sentences for a class of students.<end_of_turn>\n<start_of_turn>model\n",
 ]
 
-# Gemma 3's chat template as Google publishes it (google/gemma-3-270m-it and the other Gemma 3 -it
-# repositories, tokenizer_config.json). The Q4_K_M file here is the base model and carries none.
-CHAT_TEMPLATE = (
-    "{{ bos_token }}\n"
-    "{%- if messages[0]['role'] == 'system' -%}\n"
-    "    {%- if messages[0]['content'] is string -%}\n"
-    "        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}\n"
-    "    {%- else -%}\n"
-    "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}\n"
-    "    {%- endif -%}\n"
-    "    {%- set loop_messages = messages[1:] -%}\n"
-    "{%- else -%}\n"
-    "    {%- set first_user_prefix = \"\" -%}\n"
-    "    {%- set loop_messages = messages -%}\n"
-    "{%- endif -%}\n"
-    "{%- for message in loop_messages -%}\n"
-    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
-    "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n"
-    "    {%- endif -%}\n"
-    "    {%- if (message['role'] == 'assistant') -%}\n"
-    "        {%- set role = \"model\" -%}\n"
-    "    {%- else -%}\n"
-    "        {%- set role = message['role'] -%}\n"
-    "    {%- endif -%}\n"
-    "    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}\n"
-    "    {%- if message['content'] is string -%}\n"
-    "        {{ message['content'] | trim }}\n"
-    "    {%- elif message['content'] is iterable -%}\n"
-    "        {%- for item in message['content'] -%}\n"
-    "            {%- if item['type'] == 'image' -%}\n"
-    "                {{ '<start_of_image>' }}\n"
-    "            {%- elif item['type'] == 'text' -%}\n"
-    "                {{ item['text'] | trim }}\n"
-    "            {%- endif -%}\n"
-    "        {%- endfor -%}\n"
-    "    {%- else -%}\n"
-    "        {{ raise_exception(\"Invalid content type\") }}\n"
-    "    {%- endif -%}\n"
-    "    {{ '<end_of_turn>\n' }}\n"
-    "{%- endfor -%}\n"
-    "{%- if add_generation_prompt -%}\n"
-    "    {{'<start_of_turn>model\n'}}\n"
-    "{%- endif -%}\n")
 
 
 def bits(a):
@@ -281,11 +239,4 @@ def test_golden_hashes(gemma3_path, model, hf):
                                    eos_token_id=None)[0, len(ids):].tolist()
     g = model.generate(case["prompt"], max_tokens=case["max_tokens"])
     assert g.token_ids == want and g.output_hash == case["output_hash"]
-    models = {"fp32": model}
-
-    def get(d):  # each dtype loaded once
-        if d not in models:
-            models[d] = tinydet.load(gemma3_path, dtype=d)
-        return models[d]
-
-    assert check_golden(get, data, file_sha256(gemma3_path)) == []
+    assert check_golden(model_loader(gemma3_path, fp32=model), data, file_sha256(gemma3_path)) == []

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 import tinydet
 from tinydet.cli import main
-from tinydet.tools.golden import check_golden, read_golden
+from tinydet.tools.golden import check_golden, model_loader, read_golden
 from tinydet.registry import get_manifest
 from tinydet.tools.verify import npy_dispatch_to_disable
 
@@ -36,14 +36,7 @@ def test_golden_hashes(golden_model, env):
     name, path = golden_model
     golden = GOLDEN / f"{name}.json"
     if not ENVIRONMENTS[env]:
-        models = {}
-
-        def get(d):  # each dtype loaded once
-            if d not in models:
-                models[d] = tinydet.load(path, dtype=d)
-            return models[d]
-
-        bad = check_golden(get, read_golden(golden), tinydet.hashing.file_sha256(path))
+        bad = check_golden(model_loader(path), read_golden(golden), tinydet.hashing.file_sha256(path))
         assert bad == []
         return
     r = subprocess.run([sys.executable, "-m", "tinydet", "golden", str(path), "--check", str(golden)],

@@ -19,7 +19,7 @@ import qwen2gen as Q
 import tinydet
 from tinydet.cli import main
 from tinydet.hashing import file_sha256
-from tinydet.tools.golden import check_golden, read_golden
+from tinydet.tools.golden import check_golden, model_loader, read_golden
 from tinydet.tools.trace import diff_traces, run_trace, write_trace
 
 torch = pytest.importorskip("torch")
@@ -202,14 +202,7 @@ def test_golden_hashes(files, arch):
                             eos_token_id=None)[0, len(ids):].tolist()
     g = model.generate(case["prompt"], max_tokens=32)
     assert g.token_ids == want and g.output_hash == case["output_hash"]
-    models = {"fp32": model}
-
-    def get(d):  # each dtype loaded once
-        if d not in models:
-            models[d] = tinydet.load(path, dtype=d)
-        return models[d]
-
-    assert check_golden(get, data, file_sha256(path)) == []
+    assert check_golden(model_loader(path, fp32=model), data, file_sha256(path)) == []
 
 
 def test_sliding_window_config(files, tmp_path):

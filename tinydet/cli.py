@@ -311,20 +311,13 @@ def diff(a, b, as_json):
 @cli_errors
 def golden(model_name, check_path, write_path, overwrite, threads, no_native):
     """Check or (re)generate golden hashes for a model."""
-    from .api import load
-    from .tools.golden import check_golden, default_cases, n_checked, read_golden, run_cases, write_golden
+    from .tools.golden import check_golden, default_cases, model_loader, n_checked, read_golden, run_cases, write_golden
     from .registry import resolve_model
 
     if (check_path is None) == (write_path is None):
         raise TinydetError("golden: give exactly one of --check FILE or --write FILE")
     path = resolve_model(model_name)
-    models = {}
-
-    def get(dtype):
-        if dtype not in models:
-            models[dtype] = load(path, dtype=dtype, threads=threads)
-        return models[dtype]
-
+    get = model_loader(path, threads)
     sha = get("fp32").sha256
     if check_path:
         data = read_golden(check_path)

@@ -75,6 +75,21 @@ def write_golden(path, model_name: str, model_sha256: str, results: list[dict], 
     tmp.replace(path)
 
 
+def model_loader(path, threads: int | None = None, **loaded):
+    """`load(dtype)` for run_cases / check_golden: each dtype's Model loaded once, on first use;
+    `loaded` gives Models already at hand, by dtype."""
+    from ..api import load
+
+    models = dict(loaded)
+
+    def get(dtype):
+        if dtype not in models:
+            models[dtype] = load(path, dtype=dtype, threads=threads)
+        return models[dtype]
+
+    return get
+
+
 def check_golden(load, data: dict, model_sha256: str, native: bool = True) -> list[str]:
     """Mismatches as readable lines (empty when every hash matches). With `native`, every fp32 case
     runs again with dtype "native", which must give fp32's hashes."""
