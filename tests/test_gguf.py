@@ -157,3 +157,19 @@ def test_release_keeps_bytes_readable(stories_path):
     assert np.array_equal(g.tensor_bytes(name), before)
     g.release(name, 0, 100)  # part of it
     assert np.array_equal(g.tensor_bytes(name), before)
+
+
+def test_drop_metadata_forgets_those_keys_and_keeps_the_rest_readable(stories_path):
+    """What the tokenizer has read goes before the weights load: those keys, and the header's pages
+    (advice only: a numeric array still viewing the map, and every tensor, read back the same)."""
+    g = GGUFFile(stories_path)
+    scores = g.metadata["tokenizer.ggml.scores"]
+    before = scores.copy()
+    name = "blk.0.ffn_up.weight"
+    tensor = g.tensor_bytes(name).copy()
+    dropped = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type")
+    kept = [k for k in g.metadata if not k.startswith(dropped)]
+    assert len(kept) == len(g.metadata) - 2
+    g.drop_metadata(dropped)
+    assert list(g.metadata) == kept
+    assert np.array_equal(scores, before) and np.array_equal(g.tensor_bytes(name), tensor)

@@ -779,3 +779,44 @@ def test_gemma3_every_matrix_kind_bit_identical(gemma3_path, restore_threads):
                 got = np.empty((T, mp.n), np.float32)
                 _mixed_mm(x[:T], st, li, mp.n, got, 2, MM_PLAIN, got, SILU)
                 assert_same_bits(got, want[:T], f"{mp.type_name} layer {li} T={T}")
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q5_0", "Q6_K"])
+def test_pack_parts_releases_each_chunk_after_copying_it(name, monkeypatch):
+    """`pack_parts(..., release=)` (a token table letting its file pages go while it packs) calls
+    release(r0, r1) once per chunk, in order, covering every row, and only after those rows are in
+    the panels: overwriting each chunk's raw bytes as it is released (as if its pages were gone for
+    good) leaves the packed matrix equal to the one packed without release."""
+    monkeypatch.setattr(layout, "_CHUNK_ROWS", 64)
+    tid = GGML_TYPE_IDS[name]
+    n, k = 200, k_for(name, 96)
+    raw = random_blocks(name, n, k, seed=31)
+    want = layout.pack_quantized(raw, tid, k)
+    work = raw.copy()
+    calls = []
+
+    def release(r0, r1):
+        calls.append((r0, r1))
+        work[r0:r1] = 0xFF  # NaN scales and other quants: any later read of these rows would show
+
+    got = layout.pack_parts([(work, None, tid)], tid, k, release=release)
+    assert calls == [(0, 64), (64, 128), (128, 192), (192, 200)]
+    for f in ("qs", "d", "m", "sc", "qh"):
+        a, b = getattr(got, f), getattr(want, f)
+        assert (a is None and b is None) or (a.dtype == b.dtype and np.array_equal(a, b)), f
+
+
+def test_scale_check_reads_every_chunk(monkeypatch):
+    """Scales are checked a slice of panels at a time (no float32 copy of a whole table's scales): a
+    signaling NaN in the last slice still makes the whole matrix store NumPy's float32 scales."""
+    monkeypatch.setattr(layout, "_SCALE_CHUNK", 64)  # one panel of 2 blocks x 32 rows a slice
+    n, k = 100, 64  # 4 panels
+    raw = random_blocks("Q8_0", n, k, seed=8)
+    assert layout.pack_quantized(raw, layout.Q8_0, k).d.dtype == np.uint16
+    raw.reshape(n, k // 32, 34)[n - 1, 1, 0:2] = np.array([0x7C01], "<u2").view(np.uint8)  # in the last panel
+    qp = layout.pack_quantized(raw, layout.Q8_0, k)
+    assert qp.d.dtype == np.float32
+    bits = np.ascontiguousarray(raw.reshape(n, k // 32, 34)[:, :, 0:2]).view("<u2")[:, :, 0]
+    want = np.zeros((4 * 32, k // 32), np.float32)
+    want[:n] = bits.view(np.float16).astype(np.float32)
+    assert np.array_equal(qp.d.transpose(0, 2, 1).reshape(-1, k // 32).view(np.uint32), want.view(np.uint32))

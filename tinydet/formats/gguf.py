@@ -185,6 +185,16 @@ class GGUFFile:
                                        f"tensor data [{start}, {start + nbytes}) runs past the end of the file ({size} bytes)")
             self.tensors[name] = TensorInfo(name, tuple(int(d) for d in reversed(dims)), gtype, start, nbytes)
 
+    def drop_metadata(self, prefixes: tuple[str, ...]) -> None:
+        """Forget the metadata values whose keys start with one of `prefixes` (read already, e.g. by
+        the tokenizer), and let go of the pages of the header: metadata values are copies, but numeric
+        arrays, views of the map that a later read faults back in. Gemma 3's vocabulary is 262,144
+        strings (23 MiB; the tokenizer keeps its own compact copy) in 6 MiB of header pages, which
+        would otherwise stay resident until the checkpoint's tensors are dropped, after the load."""
+        for key in [k for k in self.metadata if k.startswith(prefixes)]:
+            del self.metadata[key]
+        release_pages(self.data, 0, self.data_offset)
+
     def tensor_bytes(self, name: str) -> np.ndarray:
         """The tensor's raw bytes, a zero-copy uint8 view of the map."""
         info = self.tensors[name]

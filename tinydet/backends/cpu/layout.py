@@ -49,8 +49,9 @@ or runs of rows have different types is a `MixedPanels` (below): each run kept i
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -209,17 +210,24 @@ def _into_panels(dst: np.ndarray, r0: int, a: np.ndarray) -> None:
     dst[r0 // QPANEL:(r0 + full) // QPANEL] = np.moveaxis(a.reshape((full // QPANEL, QPANEL) + a.shape[1:]), 1, -1)
 
 
+_SCALE_CHUNK = 1 << 20  # scales checked at a time (Gemma 3's token table has 5.2 million)
+
+
 def _scale_storage(bits: np.ndarray) -> np.ndarray:
     """fp16 scale bits as the kernels take them: the bits, or NumPy's float32 widening of them when
     the kernel's integer widening would not reproduce NumPy's cast bit for bit (only possible for
-    NaN scales)."""
-    want = bits.view(np.float16).astype(np.float32)  # quants._f16's widening
-    # Signaling NaNs are the one input on which the kernels' widenings (integer, or F16C, which
-    # quiets them) may differ from each other and from NumPy's.
-    snan = ((bits & 0x7C00) == 0x7C00) & ((bits & 0x03FF) != 0) & ((bits & 0x0200) == 0)
-    if not snan.any() and np.array_equal(from_f16_bits(bits).view(np.uint32), want.view(np.uint32)):
-        return bits
-    return want
+    NaN scales). Checked a slice of panels at a time: float32 copies of a large matrix's scales, made
+    once its panels are packed, would add to the peak of loading (Gemma 3's token table: 33 MiB)."""
+    step = max(1, _SCALE_CHUNK // max(1, bits[0].size))
+    for p0 in range(0, bits.shape[0], step):
+        b = bits[p0:p0 + step]
+        want = b.view(np.float16).astype(np.float32)  # quants._f16's widening
+        # Signaling NaNs are the one input on which the kernels' widenings (integer, or F16C, which
+        # quiets them) may differ from each other and from NumPy's.
+        snan = ((b & 0x7C00) == 0x7C00) & ((b & 0x03FF) != 0) & ((b & 0x0200) == 0)
+        if snan.any() or not np.array_equal(from_f16_bits(b).view(np.uint32), want.view(np.uint32)):
+            return bits.view(np.float16).astype(np.float32)
+    return bits
 
 
 def _words(vals: np.ndarray, shifts: np.ndarray) -> np.ndarray:
@@ -283,13 +291,17 @@ def _fields(tid: int, c: np.ndarray) -> dict:
     return f
 
 
-def pack_parts(parts: Sequence[tuple], ggml_type: int, k: int) -> QPanels:
+def pack_parts(parts: Sequence[tuple], ggml_type: int, k: int,
+               release: Callable[[int, int], None] | None = None) -> QPanels:
     """Concatenate block rows of one type and pack them: `parts` is [(raw, order), ...] or
     [(raw, order, part_type), ...], `raw` a uint8 array of whole rows (any shape, e.g.
     `gguf.tensor_bytes(name)`), `order` None or a permutation (row i of the part is raw row order[i],
     as `rows[order]`), `part_type` the part's ggml type id, checked against `ggml_type` (pass it: bytes
     of another type may happen to make a whole number of rows). Equivalent to packing
-    `np.concatenate([dequantize(raw)[order] ...])` for the float path."""
+    `np.concatenate([dequantize(raw)[order] ...])` for the float path. `release(r0, r1)`, if given,
+    is called as soon as rows r0..r1 of the concatenation have been copied into the panels: one
+    large part (a token table) can then let the file's pages of those rows go as packing proceeds,
+    rather than hold the whole file part resident next to its packed copy."""
     tid = _check_type(ggml_type)
     blocks = []
     for part in parts:
@@ -311,6 +323,8 @@ def pack_parts(parts: Sequence[tuple], ggml_type: int, k: int) -> QPanels:
     for r0 in range(0, n, _CHUNK_ROWS):
         for name, a in _fields(tid, b[r0:r0 + _CHUNK_ROWS]).items():
             _into_panels(out[name], r0, a)
+        if release is not None:
+            release(r0, min(n, r0 + _CHUNK_ROWS))
     for name in ("d", "m"):
         if name in out:
             out[name] = _scale_storage(out[name])
@@ -323,27 +337,41 @@ def pack_quantized(raw_rows: np.ndarray, ggml_type: int, k: int, row_order: np.n
     return pack_parts([(raw_rows, row_order)], ggml_type, k)
 
 
-def stack(layers: Sequence[QPanels]) -> QPanels:
+def stack(layers: Iterable[QPanels], n: int | None = None) -> QPanels:
     """Equal-shaped QPanels of one type (one per layer) -> one QPanels whose arrays have a leading
-    layer axis, for the forward pass (`loaders.layer` picks one). Scales that are uint16 in some
-    layers and float32 in others (only possible with NaN scales) are all stored as float32, widened
-    as NumPy does."""
-    first = layers[0]
-    if any((q.ggml_type, q.n, q.k, q.qs.shape) != (first.ggml_type, first.n, first.k, first.qs.shape) for q in layers):
-        raise ValueError("stack: the matrices differ in type or shape")
-
-    def st(arrs):
-        if arrs[0] is None:
-            return None
-        if len({a.dtype for a in arrs}) > 1:
-            arrs = [a if a.dtype == np.float32 else a.view(np.float16).astype(np.float32) for a in arrs]
-        out = np.empty((len(arrs),) + arrs[0].shape, arrs[0].dtype)
-        for i, a in enumerate(arrs):
-            out[i] = a
-        return out
-
-    return QPanels(first.ggml_type, first.n, first.k,
-                   *(st([getattr(q, f) for q in layers]) for f in ("qs", "d", "m", "sc", "qh")))
+    layer axis, for the forward pass (`loaders.layer` picks one). Each layer is copied into the stack
+    as it comes, so that `layers` may be an iterator of `n` layers packed on demand: packing then
+    holds the stack and one layer, not every layer twice. Scales that are uint16 in some layers and
+    float32 in others (only possible with NaN scales) are all stored as float32, widened as NumPy
+    does."""
+    n = len(layers) if n is None else n
+    it = iter(layers)
+    first = next(it)
+    fields = ("qs", "d", "m", "sc", "qh")
+    out = {}
+    for f in fields:
+        a = getattr(first, f)
+        out[f] = None if a is None else np.empty((n,) + a.shape, a.dtype)
+    count = 0
+    for q in itertools.chain([first], it):
+        if count == n:
+            raise ValueError(f"stack: more than {n} matrices")
+        if (q.ggml_type, q.n, q.k, q.qs.shape) != (first.ggml_type, first.n, first.k, first.qs.shape):
+            raise ValueError("stack: the matrices differ in type or shape")
+        for f in fields:
+            a = getattr(q, f)
+            if a is None:
+                continue
+            if a.dtype != out[f].dtype:  # uint16 fp16 bits vs NumPy's float32 widening
+                if out[f].dtype == np.uint16:
+                    out[f] = out[f].view(np.float16).astype(np.float32)
+                else:
+                    a = a.view(np.float16).astype(np.float32)
+            out[f][count] = a
+        count += 1
+    if count != n:
+        raise ValueError(f"stack: {count} matrices, expected {n}")
+    return QPanels(first.ggml_type, first.n, first.k, *(out[f] for f in fields))
 
 
 def layer_of(st: QPanels, li: int) -> QPanels:

@@ -102,9 +102,13 @@ def _native_kind(per_layer: list[list[Tensor]]):
     kind = kinds.pop() if len(kinds) == 1 else None
     if kind in NATIVE_TYPES:
         k = per_layer[0][0].shape[1]
-        st = stack([pack_parts([(p.data, p.row_order, p.ggml_type) for p in parts], kind, k) for parts in per_layer])
-        _release(per_layer)
-        return st
+
+        def packed():  # one layer at a time into the stack, its file bytes let go once copied
+            for parts in per_layer:
+                qp = pack_parts([(p.data, p.row_order, p.ggml_type) for p in parts], kind, k)
+                _release([parts])
+                yield qp
+        return stack(packed(), len(per_layer))
     if kind == F16:  # the file's fp16 bits, moved as they are
         st = _stack([_f16_panels(parts) for parts in per_layer])
         _release(per_layer)
@@ -193,7 +197,10 @@ class CPUWeights:
             for name, parts in per_kind.items():
                 setattr(self, name, _native_kind(parts))
             if emb.ggml_type in NATIVE_TYPES:
-                self.table = pack_parts([(emb.data, None, emb.ggml_type)], emb.ggml_type, cfg.dim)
+                # The largest matrix (Gemma 3's: 178 MB of a 253 MB file), packed last: its file pages
+                # go as its rows are copied, or they and the copy would be the peak of loading.
+                self.table = pack_parts([(emb.data, None, emb.ggml_type)], emb.ggml_type, cfg.dim,
+                                        release=lambda r0, r1: emb.release((r0, r1)))
             elif out is emb:
                 self.table = None  # tied: rows are read from the output panels (same values)
             elif emb.ggml_type == F16:
