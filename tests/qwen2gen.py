@@ -1,7 +1,7 @@
-"""Tiny Qwen2 and Qwen3 checkpoints made here, deterministically, for tests.
+"""Tiny Qwen2, Qwen3 and Llama 3 checkpoints made here, deterministically, for tests.
 
-No Qwen2 or Qwen3 checkpoint can be fetched on the project's machines, so this module makes them (`arch`
-"qwen2", the default, or "qwen3"): the same random weights written as
+No Qwen2, Qwen3 or Llama 3 checkpoint can be fetched on the project's machines, so this module makes
+them (`arch` "qwen2", the default, "qwen3" or "llama3"): the same random weights written as
 
 * a Hugging Face directory (`write_hf_dir`): model.safetensors written by transformers'
   `Qwen2ForCausalLM.save_pretrained` (fp32), plus config.json, generation_config.json, tokenizer.json,
@@ -18,7 +18,17 @@ head_dim of its own (here 32, so q_dim = 128 is not the hidden size 64: config.j
 `qwen3.attention.key_length` / `value_length`), `attention_bias: false`; the tokenizer, the chat
 template (Qwen2's ChatML) and every other setting are shared.
 
-The tokenizer is a real byte-level BPE with Qwen2's pre-tokenizer, trained here by a small deterministic
+Llama 3 differs as Meta's Llama 3.2 repos and llama.cpp's converter (conversion/llama.py, LlamaModel)
+do: a LlamaForCausalLM without biases; config.json with rope_theta 500000 and a "llama3" rope_scaling
+(`LLAMA3_ROPE`), eos_token_id [<|end_of_text|>, <|eom_id|>, <|eot_id|>]; its own tokenizer: Llama 3's
+pre-tokenizer regex, ignore_merges, 11 special tokens in Llama 3.1's order after the base vocabulary and
+no padding past them, a TemplateProcessing post-processor adding <|begin_of_text|>, Llama 3.2-Instruct's
+chat template; only tokenizer.json and tokenizer_config.json. Its GGUF is `general.architecture = llama`
+with Q/K rows permuted for llama.cpp's interleaved RoPE (LlamaModel.permute), vocab_size and
+rope.dimension_count keys, tokenizer.ggml.pre "llama-bpe", add_bos_token true, and the RoPE scaling only
+as `rope_freqs.weight` (the converter's per-frequency divisors, `llama3_rope_freqs`), written first.
+
+The Qwen tokenizer is a real byte-level BPE with Qwen2's pre-tokenizer, trained here by a small deterministic
 BPE trainer on `TRAINING_TEXT`, with Qwen2's special tokens added after the base vocabulary (as Qwen does)
 and the model's embedding padded past the tokenizer (as Qwen does).
 
@@ -72,6 +82,114 @@ QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 PLAIN_ADDED_TOKENS = ("<tool_call>", "</tool_call>")  # added tokens with special=false, as in Qwen2.5
 
+# Llama 3's pre-tokenizer (its tokenizer.json; llama.cpp's "llama-bpe"): digits in runs of up to 3.
+LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Llama 3.1/3.2's first special tokens, in their order (128000..128010 there), all special.
+LLAMA3_SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
+                         "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|reserved_special_token_2|>",
+                         "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>", "<|python_tag|>")
+LLAMA3_N_MERGES = 512 - 256 - len(LLAMA3_SPECIAL_TOKENS)  # Llama 3's embedding is exactly its tokenizer
+# Llama 3.2-Instruct's chat template (its tokenizer_config.json; llama.cpp's models/templates copy).
+LLAMA3_CHAT_TEMPLATE = r"""{{- bos_token }}
+{%- if custom_tools is defined %}
+    {%- set tools = custom_tools %}
+{%- endif %}
+{%- if not tools_in_user_message is defined %}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+{%- if not date_string is defined %}
+    {%- if strftime_now is defined %}
+        {%- set date_string = strftime_now("%d %b %Y") %}
+    {%- else %}
+        {%- set date_string = "26 Jul 2024" %}
+    {%- endif %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+
+{#- This block extracts the system message, so we can slot it into the right place. #}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+
+{#- System message #}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{%- if tools is not none %}
+    {{- "Environment: ipython\n" }}
+{%- endif %}
+{{- "Cutting Knowledge Date: December 2023\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{%- if tools is not none and not tools_in_user_message %}
+    {{- "You have access to the following functions. To call a function, please respond with JSON for a function call." }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+{%- endif %}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+
+{#- Custom tools are passed in a user message with some extra guidance #}
+{%- if tools_in_user_message and not tools is none %}
+    {#- Extract the first user message so we can plug it in here #}
+    {%- if messages | length != 0 %}
+        {%- set first_user_message = messages[0]['content']|trim %}
+        {%- set messages = messages[1:] %}
+    {%- else %}
+        {{- raise_exception("Cannot put tools in the first user message when there's no first user message!") }}
+{%- endif %}
+    {{- '<|start_header_id|>user<|end_header_id|>\n\n' -}}
+    {{- "Given the following functions, please respond with a JSON for a function call " }}
+    {{- "with its proper arguments that best answers the given prompt.\n\n" }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+    {{- first_user_message + "<|eot_id|>"}}
+{%- endif %}
+
+{%- for message in messages %}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+    {%- elif 'tool_calls' in message %}
+        {%- if not message.tool_calls|length == 1 %}
+            {{- raise_exception("This model only supports single tool-calls at once!") }}
+        {%- endif %}
+        {%- set tool_call = message.tool_calls[0].function %}
+        {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+        {{- '{"name": "' + tool_call.name + '", ' }}
+        {{- '"parameters": ' }}
+        {{- tool_call.arguments | tojson }}
+        {{- "}" }}
+        {{- "<|eot_id|>" }}
+    {%- elif message.role == "tool" or message.role == "ipython" %}
+        {{- "<|start_header_id|>ipython<|end_header_id|>\n\n" }}
+        {%- if message.content is mapping or message.content is iterable %}
+            {{- message.content | tojson }}
+        {%- else %}
+            {{- message.content }}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}"""
+# Llama 3.2's RoPE scaling, with original_max_position_embeddings scaled down with the model so that at
+# head_dim 16 one frequency is blended and six divided by the factor (8192 would scale only the slowest).
+LLAMA3_ROPE = {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 64,
+               "rope_type": "llama3"}
+LLAMA3_ROPE_THETA = 500_000.0
+
 # Qwen2-Instruct's chat template (ChatML with a default system prompt).
 CHAT_TEMPLATE = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
                  "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
@@ -108,16 +226,21 @@ def bytes_to_unicode() -> dict[int, str]:
     return table()
 
 
-def _pre_tokenizer():
+def _regex(arch: str) -> str:
+    return LLAMA3_REGEX if arch == "llama3" else QWEN2_REGEX
+
+
+def _pre_tokenizer(arch: str = "qwen2"):
     from tokenizers import Regex, pre_tokenizers
 
     return pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(_regex(arch)), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
     ])
 
 
-def train_bpe(text: str = TRAINING_TEXT, n_merges: int = N_MERGES) -> tuple[dict[str, int], list[tuple[str, str]]]:
+def train_bpe(text: str = TRAINING_TEXT, n_merges: int = N_MERGES,
+              arch: str = "qwen2") -> tuple[dict[str, int], list[tuple[str, str]]]:
     """A plain, deterministic byte-level BPE trainer -> (base vocab by id, merges by rank).
 
     Ids 0-255 are the byte tokens in bytes_to_unicode order (as in Qwen2: "!" is 0, "Ġ" is 220), then one
@@ -126,7 +249,7 @@ def train_bpe(text: str = TRAINING_TEXT, n_merges: int = N_MERGES) -> tuple[dict
     import unicodedata
 
     words: dict[tuple[str, ...], int] = {}
-    for piece, _ in _pre_tokenizer().pre_tokenize_str(unicodedata.normalize("NFC", text)):
+    for piece, _ in _pre_tokenizer(arch).pre_tokenize_str(unicodedata.normalize("NFC", text)):
         key = tuple(piece)
         words[key] = words.get(key, 0) + 1
     vocab = {c: i for i, c in enumerate(bytes_to_unicode().values())}
@@ -161,30 +284,37 @@ def train_bpe(text: str = TRAINING_TEXT, n_merges: int = N_MERGES) -> tuple[dict
 _BPE_CACHE: dict = {}
 
 
-def _bpe():
-    if "v" not in _BPE_CACHE:
-        _BPE_CACHE["v"] = train_bpe()
-    vocab, merges = _BPE_CACHE["v"]
+def _bpe(arch: str = "qwen2"):
+    key = "llama3" if arch == "llama3" else "qwen"  # Qwen2 and Qwen3 share their tokenizer
+    if key not in _BPE_CACHE:
+        _BPE_CACHE[key] = train_bpe(arch=arch) if key == "qwen" else train_bpe(n_merges=LLAMA3_N_MERGES, arch=arch)
+    vocab, merges = _BPE_CACHE[key]
     return dict(vocab), list(merges)
 
 
-def added_tokens() -> list[tuple[int, str, bool]]:
+def added_tokens(arch: str = "qwen2") -> list[tuple[int, str, bool]]:
     """(id, content, special) of the added tokens, which follow the base vocabulary."""
-    base, _ = _bpe()
-    names = [(t, True) for t in SPECIAL_TOKENS] + [(t, False) for t in PLAIN_ADDED_TOKENS]
+    base, _ = _bpe(arch)
+    if arch == "llama3":
+        names = [(t, True) for t in LLAMA3_SPECIAL_TOKENS]
+    else:
+        names = [(t, True) for t in SPECIAL_TOKENS] + [(t, False) for t in PLAIN_ADDED_TOKENS]
     return [(len(base) + i, t, special) for i, (t, special) in enumerate(names)]
 
 
-def token_id(text: str) -> int:
-    for i, t, _ in added_tokens():
+def token_id(text: str, arch: str = "qwen2") -> int:
+    for i, t, _ in added_tokens(arch):
         if t == text:
             return i
-    return _bpe()[0][text]
+    return _bpe(arch)[0][text]
 
 
-def tokenizer_json() -> dict:
-    """tokenizer.json, field for field as Qwen2/Qwen2.5's."""
-    vocab, merges = _bpe()
+def tokenizer_json(arch: str = "qwen2") -> dict:
+    """tokenizer.json, field for field as Qwen2/Qwen2.5's (Llama 3.2's for "llama3": no normalizer,
+    ignore_merges, a TemplateProcessing post-processor that puts <|begin_of_text|> first)."""
+    if arch == "llama3":
+        return _llama3_tokenizer_json()
+    vocab, merges = _bpe(arch)
     bl = {"add_prefix_space": False, "trim_offsets": False, "use_regex": False}
     return {
         "version": "1.0",
@@ -204,13 +334,53 @@ def tokenizer_json() -> dict:
     }
 
 
-def tokenizer_config_json() -> dict:
-    """tokenizer_config.json as Qwen2.5-Instruct's (eos <|im_end|>, pad <|endoftext|>, no BOS)."""
+def _llama3_tokenizer_json() -> dict:
+    vocab, merges = _bpe("llama3")
+    bos = "<|begin_of_text|>"
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": s} for i, t, s in added_tokens("llama3")],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": LLAMA3_REGEX}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+        "post_processor": {"type": "Sequence", "processors": [
+            {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+            {"type": "TemplateProcessing",
+             "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+             "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                      {"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+             "special_tokens": {bos: {"id": bos, "ids": [token_id(bos, "llama3")], "tokens": [bos]}}}]},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
+                  "vocab": vocab, "merges": [f"{a} {b}" for a, b in merges]},
+    }
+
+
+def tokenizer_config_json(arch: str = "qwen2") -> dict:
+    """tokenizer_config.json as Qwen2.5-Instruct's (eos <|im_end|>, pad <|endoftext|>, no BOS), or
+    Llama 3.2-Instruct's (bos <|begin_of_text|>, eos <|eot_id|>, no pad)."""
+    decoder = {str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+                        "special": s} for i, t, s in added_tokens(arch)}
+    if arch == "llama3":
+        return {
+            "added_tokens_decoder": decoder,
+            "bos_token": "<|begin_of_text|>",
+            "chat_template": LLAMA3_CHAT_TEMPLATE,
+            "clean_up_tokenization_spaces": True,
+            "eos_token": "<|eot_id|>",
+            "model_input_names": ["input_ids", "attention_mask"],
+            "model_max_length": 131072,
+            "tokenizer_class": "PreTrainedTokenizerFast",
+        }
     return {
         "add_bos_token": False,
         "add_prefix_space": False,
-        "added_tokens_decoder": {str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
-                                          "single_word": False, "special": s} for i, t, s in added_tokens()},
+        "added_tokens_decoder": decoder,
         "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
         "bos_token": None,
         "chat_template": CHAT_TEMPLATE,
@@ -225,17 +395,18 @@ def tokenizer_config_json() -> dict:
     }
 
 
-def hf_tokenizer():
+def hf_tokenizer(arch: str = "qwen2"):
     """The tokenizer as a `tokenizers.Tokenizer` (what tokenizer.json holds)."""
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_str(json.dumps(tokenizer_json()))
+    return Tokenizer.from_str(json.dumps(tokenizer_json(arch)))
 
 
 # ---------------------------------------------------------------------------------------------------
 # Config and weights
 
-ARCHS = {"qwen2": "Qwen2", "qwen3": "Qwen3"}
+ARCHS = {"qwen2": "Qwen2", "qwen3": "Qwen3", "llama3": "Llama"}  # arch -> transformers' class prefix
+GGUF_ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "llama3": "llama"}
 
 
 def head_dim(arch: str = "qwen2") -> int:
@@ -243,7 +414,35 @@ def head_dim(arch: str = "qwen2") -> int:
 
 
 def config_json(tied: bool = False, arch: str = "qwen2") -> dict:
-    """config.json in the form of Qwen's published Qwen2.5 (Qwen3) configs (transformers 4.x keys)."""
+    """config.json in the form of Qwen's published Qwen2.5 (Qwen3) configs, or Meta's Llama 3.2 one
+    (transformers 4.x keys)."""
+    if arch == "llama3":
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "bos_token_id": token_id("<|begin_of_text|>", arch),
+            "eos_token_id": [token_id(t, arch) for t in ("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>")],
+            "head_dim": HEAD_DIM,
+            "hidden_act": "silu",
+            "hidden_size": HIDDEN,
+            "initializer_range": 0.02,
+            "intermediate_size": FFN,
+            "max_position_embeddings": CONTEXT,
+            "mlp_bias": False,
+            "model_type": "llama",
+            "num_attention_heads": HEADS,
+            "num_hidden_layers": LAYERS,
+            "num_key_value_heads": KV_HEADS,
+            "pretraining_tp": 1,
+            "rms_norm_eps": RMS_EPS,
+            "rope_scaling": dict(LLAMA3_ROPE),
+            "rope_theta": LLAMA3_ROPE_THETA,
+            "tie_word_embeddings": tied,
+            "torch_dtype": "float32",
+            "use_cache": True,
+            "vocab_size": VOCAB,
+        }
     c = {
         "architectures": [f"{ARCHS[arch]}ForCausalLM"],
         "attention_dropout": 0.0,
@@ -274,14 +473,18 @@ def config_json(tied: bool = False, arch: str = "qwen2") -> dict:
     return c
 
 
-def generation_config_json() -> dict:
+def generation_config_json(arch: str = "qwen2") -> dict:
+    if arch == "llama3":
+        c = config_json(arch=arch)
+        return {"bos_token_id": c["bos_token_id"], "do_sample": True, "eos_token_id": c["eos_token_id"],
+                "temperature": 0.6, "top_p": 0.9}
     eot = token_id("<|endoftext|>")
     return {"bos_token_id": eot, "eos_token_id": [token_id("<|im_end|>"), eot], "pad_token_id": eot}
 
 
 def state_dict(tied: bool = False, seed: int = 0, arch: str = "qwen2") -> dict[str, np.ndarray]:
-    """The weights under transformers' Qwen2ForCausalLM (Qwen3ForCausalLM) names, float32, drawn in this
-    fixed order."""
+    """The weights under transformers' Qwen2ForCausalLM (Qwen3ForCausalLM, LlamaForCausalLM) names,
+    float32, drawn in this fixed order."""
     rs = np.random.RandomState(seed)
 
     def normal(shape, std):
@@ -315,6 +518,37 @@ def state_dict(tied: bool = False, seed: int = 0, arch: str = "qwen2") -> dict[s
     return sd
 
 
+def llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's LlamaModel.permute: each head's rows from HF's rotate-half order to adjacent pairs,
+    as the converter stores a llama Q (n_head = heads) or K (n_head = KV heads)."""
+    return np.ascontiguousarray(w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2)
+                                .reshape(w.shape))
+
+
+def llama3_rope_freqs(base: float = LLAMA3_ROPE_THETA, dim: int = HEAD_DIM, p: dict = LLAMA3_ROPE) -> np.ndarray:
+    """rope_freqs.weight as llama.cpp's converter computes it (conversion/llama.py,
+    LlamaModel.generate_extra_tensors, with torch in float32), from config.json's rope_theta, head_dim
+    and rope_scaling (by default the tiny model's)."""
+    import math
+
+    import torch
+
+    freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    factor, lo, hi, old = p["factor"], p["low_freq_factor"], p["high_freq_factor"], p["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old / lo, old / hi
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_wavelen:
+            out.append(1)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - lo) / (hi - lo)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return torch.tensor(out, dtype=torch.float32).numpy()
+
+
 # ---------------------------------------------------------------------------------------------------
 # Writers
 
@@ -322,12 +556,15 @@ def _write_json(path: Path, obj) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8", newline="\n")
 
 
-def write_tokenizer_files(hf_dir: Path) -> None:
-    """tokenizer.json, tokenizer_config.json, vocab.json, merges.txt."""
+def write_tokenizer_files(hf_dir: Path, arch: str = "qwen2") -> None:
+    """tokenizer.json, tokenizer_config.json, and for Qwen vocab.json and merges.txt (Llama 3's repos
+    have only the first two, besides its tiktoken original/)."""
     hf_dir = Path(hf_dir)
-    tj = tokenizer_json()
+    tj = tokenizer_json(arch)
     _write_json(hf_dir / "tokenizer.json", tj)
-    _write_json(hf_dir / "tokenizer_config.json", tokenizer_config_json())
+    _write_json(hf_dir / "tokenizer_config.json", tokenizer_config_json(arch))
+    if arch == "llama3":
+        return
     (hf_dir / "vocab.json").write_text(json.dumps(tj["model"]["vocab"], ensure_ascii=False), encoding="utf-8",
                                        newline="\n")
     (hf_dir / "merges.txt").write_text("#version: 0.2\n" + "".join(m + "\n" for m in tj["model"]["merges"]),
@@ -362,8 +599,8 @@ def write_hf_dir(hf_dir: Path, tied: bool = False, seed: int = 0, arch: str = "q
     # save_pretrained's JSON carries its transformers version and that version's key names: write the
     # hub's form instead, so the bytes depend on nothing installed.
     _write_json(hf_dir / "config.json", config_json(tied, arch))
-    _write_json(hf_dir / "generation_config.json", generation_config_json())
-    write_tokenizer_files(hf_dir)
+    _write_json(hf_dir / "generation_config.json", generation_config_json(arch))
+    write_tokenizer_files(hf_dir, arch)
     return hf_dir
 
 
@@ -415,16 +652,16 @@ def gguf_tensor_order(tied: bool = False, arch: str = "qwen2") -> list[str]:
     return sorted(state_dict(tied, arch=arch))
 
 
-def gguf_vocab() -> tuple[list[str], list[int], list[str]]:
+def gguf_vocab(arch: str = "qwen2") -> tuple[list[str], list[int], list[str]]:
     """(tokens, token types, merges) as llama.cpp's _set_vocab_gpt2/get_vocab_base make them: tokens by
     id up to the model's vocab_size, ids the tokenizer lacks as "[PAD{i}]" of type UNUSED, added tokens
     CONTROL when special (or when they look special, "<|...|>"), else USER_DEFINED."""
     from gguf import TokenType
 
-    vocab, merges = _bpe()
+    vocab, merges = _bpe(arch)
     by_id = {i: t for t, i in vocab.items()}
     types = {i: TokenType.NORMAL for i in by_id}
-    for i, t, special in added_tokens():
+    for i, t, special in added_tokens(arch):
         by_id[i] = t
         looks_special = t.startswith("<|") and t.endswith("|>")
         types[i] = TokenType.CONTROL if special or looks_special else TokenType.USER_DEFINED
@@ -453,13 +690,14 @@ def write_gguf(path: Path, quant: str | None = None, tied: bool = False, seed: i
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     sd = state_dict(tied, seed, arch)
-    tokens, toktypes, merges = gguf_vocab()
-    eot, im_end = token_id("<|endoftext|>"), token_id("<|im_end|>")
+    tokens, toktypes, merges = gguf_vocab(arch)
+    llama = arch == "llama3"
 
-    w = GGUFWriter(path, arch)  # general.architecture; alignment 32 by default
+    w = GGUFWriter(path, GGUF_ARCH[arch])  # general.architecture; alignment 32 by default
     # In the converter's order: model info, hyperparameters, quantization version, vocabulary.
     w.add_type(gguf.GGUFType.MODEL)
-    w.add_name(name or f"Tiny {ARCHS[arch]}" + (" Tied" if tied else "") + (f" S{seed}" if seed else ""))
+    title = "Llama 3" if llama else ARCHS[arch]
+    w.add_name(name or f"Tiny {title}" + (" Tied" if tied else "") + (f" S{seed}" if seed else ""))
     n_params = sum(v.size for v in sd.values())
     w.add_size_label(gguf.size_label(n_params, n_params, 0, 0))  # as the converter computes it
     w.add_block_count(LAYERS)
@@ -468,29 +706,43 @@ def write_gguf(path: Path, quant: str | None = None, tied: bool = False, seed: i
     w.add_feed_forward_length(FFN)
     w.add_head_count(HEADS)
     w.add_head_count_kv(KV_HEADS)
-    w.add_rope_freq_base(ROPE_THETA)
+    w.add_rope_freq_base(LLAMA3_ROPE_THETA if llama else ROPE_THETA)
     w.add_layer_norm_rms_eps(RMS_EPS)
     if arch == "qwen3":  # config.json's head_dim
         w.add_key_length(QWEN3_HEAD_DIM)
         w.add_value_length(QWEN3_HEAD_DIM)
     w.add_file_type(LlamaFileType[ftname])
+    if llama:  # LlamaModel.set_gguf_parameters
+        w.add_vocab_size(VOCAB)
+        w.add_rope_dimension_count(HEAD_DIM)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
+    w.add_tokenizer_pre("llama-bpe" if llama else "qwen2")
     w.add_token_list(tokens)
     w.add_token_types(toktypes)
     w.add_token_merges(merges)
-    # SpecialVocab: tokenizer_config's eos/pad first, then config.json's bos_token_id.
-    w.add_eos_token_id(im_end)
-    w.add_pad_token_id(eot)
-    w.add_bos_token_id(eot)
-    w.add_add_bos_token(False)  # the ByteLevel post-processor (and tokenizer_config's add_bos_token)
-    w.add_add_eos_token(False)
-    w.add_chat_template(CHAT_TEMPLATE)
+    if llama:  # SpecialVocab: tokenizer_config's bos/eos; add_bos from the TemplateProcessing post-processor
+        w.add_bos_token_id(token_id("<|begin_of_text|>", arch))
+        w.add_eos_token_id(token_id("<|eot_id|>", arch))
+        w.add_add_bos_token(True)
+        w.add_chat_template(LLAMA3_CHAT_TEMPLATE)
+    else:
+        eot, im_end = token_id("<|endoftext|>"), token_id("<|im_end|>")
+        # SpecialVocab: tokenizer_config's eos/pad first, then config.json's bos_token_id.
+        w.add_eos_token_id(im_end)
+        w.add_pad_token_id(eot)
+        w.add_bos_token_id(eot)
+        w.add_add_bos_token(False)  # the ByteLevel post-processor (and tokenizer_config's add_bos_token)
+        w.add_add_eos_token(False)
+        w.add_chat_template(CHAT_TEMPLATE)
 
+    if llama:  # generate_extra_tensors comes first
+        w.add_tensor("rope_freqs.weight", llama3_rope_freqs())
     for hf_name in gguf_tensor_order(tied, arch):
         arr = sd[hf_name]
         gname = gguf_name(hf_name)
+        if llama and hf_name.endswith(("q_proj.weight", "k_proj.weight")):  # LlamaModel.modify_tensors
+            arr = llama_permute(arr, HEADS if "q_proj" in hf_name else KV_HEADS)
         if arr.ndim == 1 or gname.endswith("_norm.weight") or qtype == GGMLQuantizationType.F32:
             w.add_tensor(gname, arr)
         elif qtype == GGMLQuantizationType.F16:
@@ -545,12 +797,13 @@ def file_digests(paths) -> dict[str, str]:
     return out
 
 
-if __name__ == "__main__":  # python tests/qwen2gen.py OUT_DIR [quant] [--tied] [--qwen3]
+if __name__ == "__main__":  # python tests/qwen2gen.py OUT_DIR [quant] [--tied] [--qwen3 | --llama3]
     import sys
     import time
 
     t0 = time.perf_counter()
-    args = [a for a in sys.argv[1:] if a not in ("--tied", "--qwen3")]
+    args = [a for a in sys.argv[1:] if a not in ("--tied", "--qwen3", "--llama3")]
+    arch = "qwen3" if "--qwen3" in sys.argv else "llama3" if "--llama3" in sys.argv else "qwen2"
     hf, gg = make_tiny_qwen2(Path(args[0]), quant=args[1] if len(args) > 1 else None, tied="--tied" in sys.argv,
-                             arch="qwen3" if "--qwen3" in sys.argv else "qwen2")
+                             arch=arch)
     print(hf, gg, f"{time.perf_counter() - t0:.2f}s")

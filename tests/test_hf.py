@@ -140,15 +140,17 @@ def test_config_defaults(model_dir, stories_loaded):
 
 
 @pytest.mark.parametrize("changes, parts", [
-    (dict(num_attention_heads=7), ("num_attention_heads", "7 heads do not divide hidden_size 64")),
+    (dict(num_attention_heads=7, head_dim=...), ("num_attention_heads", "7 heads do not divide hidden_size 64")),
     (dict(num_key_value_heads=3), ("num_key_value_heads", "3 KV heads do not divide 8 query heads")),
-    (dict(head_dim=16), ("head_dim", "expected hidden_size / num_attention_heads = 8")),
+    (dict(head_dim=7), ("head_dim", "RoPE needs an even head dimension, found 7")),
+    (dict(head_dim="16"), ("head_dim", "expected an integer")),
     (dict(hidden_size="64"), ("hidden_size", "expected an integer")),
     (dict(num_hidden_layers=0), ("num_hidden_layers", "positive integer")),
     (dict(rms_norm_eps=2.0), ("rms_norm_eps", "(0, 1)")),
-    (dict(model_type="mistral"), ("model_type", "'mistral' is not supported")),
+    (dict(model_type="mixtral"), ("model_type", "'mixtral' is not supported")),
     (dict(model_type=..., architectures=["GPT2LMHeadModel"]), ("model_type", "only Llama")),
-    (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}), ("rope_scaling", "'llama3' is not supported")),
+    (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}), ("rope_scaling.low_freq_factor", "missing")),
+    (dict(rope_scaling={"rope_type": "longrope", "factor": 8.0}), ("rope_scaling", "'longrope' is not supported")),
     (dict(rope_parameters={"rope_type": "yarn", "factor": 4.0}), ("rope_parameters", "'yarn' is not supported")),
     (dict(hidden_act="gelu"), ("hidden_act", "'gelu' is not supported")),
     (dict(attention_bias=True), ("attention_bias", "not supported")),

@@ -1,9 +1,10 @@
-"""Qwen2 (q/k/v biases) and Qwen3 (QK-norm, a head_dim of its own) on tiny checkpoints made here
-(tests/qwen2gen.py): the same random weights as a Hugging Face directory written by transformers and as
-a GGUF with llama.cpp's qwen2 / qwen3 names and keys. Against transformers fp32: logits within 1e-4, the
-same 32 greedy tokens; GGUF and HF directory give the same bits; the whole contract (threads, chunking,
-batch, native storage, trace, verify, golden hashes) and conversion back to a Qwen2ForCausalLM /
-Qwen3ForCausalLM directory."""
+"""Qwen2 (q/k/v biases), Qwen3 (QK-norm, a head_dim of its own) and Llama 3 (its RoPE scaling, the
+llama-bpe tokenizer) on tiny checkpoints made here (tests/qwen2gen.py): the same random weights as a
+Hugging Face directory written by transformers and as a GGUF with llama.cpp's qwen2 / qwen3 / llama
+names and keys (for Llama 3: Q/K rows permuted and rope_freqs.weight, as its converter writes them).
+Against transformers fp32: logits within 1e-4, the same 32 greedy tokens; GGUF and HF directory give
+the same bits; the whole contract (threads, chunking, batch, native storage, trace, verify, golden
+hashes) and conversion back to a Qwen2ForCausalLM / Qwen3ForCausalLM / LlamaForCausalLM directory."""
 
 from __future__ import annotations
 
@@ -26,13 +27,13 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
-GOLDEN = Path(__file__).parent / "golden"  # qwen2-tiny.json, qwen3-tiny.json
+GOLDEN = Path(__file__).parent / "golden"  # qwen2-tiny.json, qwen3-tiny.json, llama3-tiny.json
 TEXTS = ["Hello world", "The quick brown fox jumps over the lazy dog.", "12345 and 3.14159, 2024-03-15",
          "<|im_start|>user\nHi there, how are you?<|im_end|>\n<|im_start|>assistant\n",
          "I'm sure you'll agree: we're here.\n\n\tdef hello(name):\n    return name"]
 
 
-@pytest.fixture(scope="module", params=["qwen2", "qwen3"])
+@pytest.fixture(scope="module", params=["qwen2", "qwen3", "llama3"])
 def arch(request):
     return request.param
 
@@ -64,13 +65,14 @@ def test_logits_match_transformers_and_gguf_equals_hf_dir(files, hf_model, arch,
     from_dir, from_gguf = tinydet.load(hf_dir), tinydet.load(ggufs[None])
     # GGUF stores the RMSNorm epsilon as a float32, config.json as a decimal: the kernels use float32
     assert dataclasses.replace(from_dir.config, rms_eps=float(np.float32(from_dir.config.rms_eps))) == from_gguf.config
-    assert from_gguf.config.arch == arch
+    assert from_gguf.config.arch == Q.GGUF_ARCH[arch]
     assert (from_gguf.config.qkv_bias, from_gguf.config.qk_norm) == (arch == "qwen2", arch == "qwen3")
     assert from_gguf.config.head_dim == Q.head_dim(arch)
+    assert from_gguf.config.rope.scaling == ("llama3" if arch == "llama3" else "none")
     worst = 0.0
     for text in TEXTS:
         ids = from_gguf.tokenize(text)
-        assert ids == from_dir.tokenize(text) == Q.hf_tokenizer().encode(text).ids
+        assert ids == from_dir.tokenize(text) == Q.hf_tokenizer(arch).encode(text).ids
         ours = from_gguf.logits(ids)
         assert np.array_equal(bits(ours), bits(from_dir.logits(ids)))
         with torch.no_grad():
@@ -93,21 +95,26 @@ def test_greedy_32_tokens_match_transformers(files, hf_model):
         assert len(g.token_ids) == 32 or g.finish_reason == "stop"
 
 
-def test_biases_and_qk_norms_matter(files, arch):
-    """A runtime that dropped Qwen2's biases or Qwen3's QK-norm weights would be caught: zeroing the
-    biases, or setting the norm weights to 1, moves the logits."""
+def test_biases_qk_norms_and_rope_scaling_matter(files, arch):
+    """A runtime that dropped Qwen2's biases, Qwen3's QK-norm weights or Llama 3's RoPE scaling would
+    be caught: zeroing the biases, setting the norm weights to 1, or rotating unscaled moves the logits."""
     from tinydet.backends.cpu import CPUBackend
+    from tinydet.config import RoPE
     from tinydet.formats import Tensor, open_checkpoint
 
     ck = open_checkpoint(files[False][1][None])
-    if arch == "qwen2":
+    cfg = ck.config
+    if arch == "llama3":
+        tensors = ck.tensors
+        cfg = dataclasses.replace(cfg, rope=RoPE(cfg.rope.base))
+    elif arch == "qwen2":
         tensors = {k: (Tensor.of(np.zeros(v.shape, np.float32)) if ".b" in k else v) for k, v in ck.tensors.items()}
     else:
         tensors = {k: (Tensor.of(np.ones(v.shape, np.float32)) if k.endswith(("q_norm", "k_norm")) else v)
                    for k, v in ck.tensors.items()}
         assert sum(k.endswith(("q_norm", "k_norm")) for k in tensors) == 2 * Q.LAYERS
     ids = ck.tokenizer.encode(TEXTS[1])
-    be, zero = CPUBackend(ck.config, ck.tensors), CPUBackend(ck.config, tensors)
+    be, zero = CPUBackend(ck.config, ck.tensors), CPUBackend(cfg, tensors)
     a = be.forward(ids, be.new_cache(len(ids)), all_logits=True)
     b = zero.forward(ids, zero.new_cache(len(ids)), all_logits=True)
     assert np.abs(a - b).max() > 0.5
@@ -163,7 +170,9 @@ def test_convert_back_to_hf_directory(files, tmp_path, hf_model, arch):
         out = convert_gguf_to_hf(files[tied][1][None], tmp_path / f"conv-{tied}")
         cfg = json.loads((out / "config.json").read_text())
         name = f"{Q.ARCHS[arch]}ForCausalLM"
-        assert cfg["architectures"] == [name] and cfg["model_type"] == arch
+        assert cfg["architectures"] == [name] and cfg["model_type"] == Q.config_json(arch=arch)["model_type"]
+        if arch == "llama3":  # read back from rope_freqs.weight's divisors
+            assert cfg["rope_scaling"] == {k: v for k, v in Q.LLAMA3_ROPE.items()}
         assert cfg["tie_word_embeddings"] is tied and cfg["head_dim"] == Q.head_dim(arch)
         m = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
         assert type(m).__name__ == name
@@ -183,9 +192,9 @@ def test_verify_matrix_passes(files):
 
 
 def test_golden_hashes(files, arch):
-    """tests/golden/qwen2-tiny.json and qwen3-tiny.json (the Q8_0 files). Its greedy fp32 case is pinned
-    to transformers: the same 32 tokens from the Qwen2ForCausalLM / Qwen3ForCausalLM holding the file's
-    dequantized weights. Then every case, and every fp32 case again with native storage, gives the
+    """tests/golden/{qwen2,qwen3,llama3}-tiny.json (the Q8_0 files). Its greedy fp32 case is pinned to
+    transformers: the same 32 tokens from the Qwen2ForCausalLM / Qwen3ForCausalLM / LlamaForCausalLM
+    holding the file's dequantized weights. Then every case, and every fp32 case again with native storage, gives the
     recorded hashes."""
     path = files[False][1]["q8_0"]
     data = read_golden(GOLDEN / f"{arch}-tiny.json")
@@ -205,11 +214,13 @@ def test_golden_hashes(files, arch):
     assert check_golden(model_loader(path, fp32=model), data, file_sha256(path)) == []
 
 
-def test_sliding_window_config(files, tmp_path):
+def test_sliding_window_config(files, tmp_path, arch):
     """config.json's use_sliding_window slides the layers from max_window_layers on, as transformers
     reads it (Qwen2.5's own configs leave it off)."""
     import shutil
 
+    if arch == "llama3":
+        pytest.skip("Llama has no sliding-window setting")
     d = tmp_path / "sliding"
     shutil.copytree(files[False][0], d)
     cfg = json.loads((d / "config.json").read_text())

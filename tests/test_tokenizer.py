@@ -353,8 +353,11 @@ def test_smollm_header(smollm_tok, smollm_meta):
     t = smollm_tok
     assert t.model == "gpt2" and t.pre == "smollm"
     assert t.vocab_size == 49152 == len(smollm_meta["tokenizer.ggml.tokens"])
-    assert (t.bos_id, t.eos_ids, t.add_bos, t.add_eos) == (1, (2,), False, False)
+    # Generation ends on eos and on what llama.cpp ends on by text: <|endoftext|> (0) and the FIM repo
+    # token <reponame> (4); llama_vocab_is_eog of llama-cpp-python 0.3.36 gives {0, 2, 4} for this file.
+    assert (t.bos_id, t.eos_ids, t.add_bos, t.add_eos) == (1, (2, 0, 4), False, False)
     assert t.hf.id_to_token(1) == "<|im_start|>" and t.hf.id_to_token(2) == "<|im_end|>"
+    assert (t.hf.id_to_token(0), t.hf.id_to_token(4)) == ("<|endoftext|>", "<reponame>")
     assert t.chat_template and "<|im_start|>" in t.chat_template
 
 
@@ -701,7 +704,8 @@ def test_null_special_ids(stories_meta):
     m["tokenizer.ggml.eos_token_id"] = 0xFFFFFFFF
     m["tokenizer.ggml.add_bos_token"] = False
     t = Tokenizer.from_gguf_metadata(m, "x.gguf")
-    assert t.bos_id is None and t.eos_ids == () and t.pad_id is None
+    # No eos id; "</s>" (2) still ends generation by its text, as llama.cpp's end-of-generation set has it.
+    assert t.bos_id is None and t.eos_ids == (2,) and t.pad_id is None
     assert t.encode("Once") == [403]
     # eot / eom ids end generation too.
     m["tokenizer.ggml.eos_token_id"] = 2
@@ -834,3 +838,29 @@ def test_decode_rejects_bad_ids(stories_tok):
         stories_tok.decode([-1])
     with pytest.raises(ValueError):
         stories_tok.stream().push(10**6)
+
+
+def test_spm_vocabulary_is_held_once_and_hf_built_on_first_use(stories_path):
+    """A SentencePiece GGUF vocabulary is held once, compactly: the tokenizer adds no reference to the
+    metadata's token strings (they go with the metadata; its one copy of the vocabulary is UTF-8
+    bytes, about half a str's memory), and its `tokenizers` model (`hf`, most of a large vocabulary's
+    memory) is not built until asked for: encoding, decoding, streaming, token_bytes and id_to_token
+    do without it. Built, it names every token as id_to_token does and encodes as encode does."""
+    import sys
+
+    meta = GGUFFile(stories_path).metadata
+    strings = list(meta["tokenizer.ggml.tokens"])
+    plain = [t for t, ty in zip(strings, meta["tokenizer.ggml.token_type"]) if len(t) > 1 and ty == 1]
+    before = [sys.getrefcount(t) for t in plain]  # (single characters are shared objects: left out)
+    tok = Tokenizer.from_gguf_metadata(meta, stories_path)
+    assert len(plain) > 100 and [sys.getrefcount(t) for t in plain] == before
+    texts = ["Once upon a time, there was a little girl named Lily.", "  two  spaces\nand a line", "caf\u00e9 \u2713"]
+    ids = [tok.encode(s) for s in texts]
+    assert [tok.decode(i) for i in ids] == texts
+    assert ["".join(pieces) + rest for pieces, rest in (_stream_all(tok, i) for i in ids)] == texts
+    names = [tok.id_to_token(i) for i in range(tok.vocab_size)]
+    assert names == strings and tok.id_to_token(tok.vocab_size) is None
+    assert b"".join(tok.token_bytes(i) for i in tok.encode(texts[0], add_special=False)) == b" " + texts[0].encode()
+    assert tok._hf is None  # nothing above built it
+    assert [tok.hf.id_to_token(i) for i in range(tok.vocab_size)] == names
+    assert [tok.hf.encode(s).ids for s in texts] == ids

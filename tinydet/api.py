@@ -166,7 +166,7 @@ class Model:
         from .chat import render_chat
 
         tok = self.tokenizer
-        name = lambda i: tok.hf.id_to_token(i) if i is not None else ""  # noqa: E731
+        name = lambda i: tok.id_to_token(i) if i is not None else ""  # noqa: E731
         text = render_chat(tok.chat_template, messages, bos_token=name(tok.bos_id),
                            eos_token=name(tok.eos_ids[0] if tok.eos_ids else None))
         # The template writes any BOS itself, as in HF's apply_chat_template.

@@ -23,15 +23,35 @@ from dataclasses import dataclass, field
 from .errors import ModelFormatError
 
 ACTIVATIONS = ("silu", "gelu_tanh")
-ROPE_SCALINGS = ("none", "linear", "llama3")
+ROPE_SCALINGS = ("none", "linear", "llama3", "factors")
+
+# RoPE scalings refused on principle, not for want of code: their frequencies depend on how long the
+# sequence is, so a prefix's logits would depend on what follows it, while tinydet's contract is that a
+# prefix's logits are the same however it is chunked, cached or continued. Keyed by the names files
+# use (config.json's rope_type / type, GGUF's rope.scaling.type).
+_CONTRACT = "so a prefix's logits would depend on what follows it, which breaks tinydet's KV-cache and chunking contract"
+LENGTH_DEPENDENT_ROPE = {
+    "longrope": "LongRoPE switches every position's frequencies from short_factor to long_factor once a sequence "
+                f"passes original_max_position_embeddings, {_CONTRACT}",
+    "dynamic": "dynamic NTK scaling raises every position's RoPE base once a sequence passes the original "
+               f"context, {_CONTRACT}",
+}
+LENGTH_DEPENDENT_ROPE["su"] = LENGTH_DEPENDENT_ROPE["longrope"]  # LongRoPE's first name (Phi-3 128k)
+
+
+def rope_refusal(kind) -> str:
+    """Why a RoPE scaling is refused, for the end of an error message ("" when it is only unsupported)."""
+    reason = LENGTH_DEPENDENT_ROPE.get(str(kind).lower())
+    return f": {reason}" if reason else ""
 
 
 @dataclass(frozen=True)
 class RoPE:
     """Rotary position embedding: inverse frequencies base**(-2i/head_dim), then scaling:
     "linear" divides every frequency by `factor`; "llama3" (Llama 3.1's) divides the low frequencies by
-    `factor`, keeps the high ones and blends in between, over `original_context` positions. The
-    backend computes the tables (`backends.cpu.rope`)."""
+    `factor`, keeps the high ones and blends in between, over `original_context` positions; "factors"
+    divides frequency i by `freq_factors[i]` (a GGUF's `rope_freqs.weight` that no "llama3" setting
+    reproduces exactly). `rope.inv_freq` computes the frequencies."""
 
     base: float = 10000.0
     scaling: str = "none"
@@ -39,6 +59,7 @@ class RoPE:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_context: int = 8192
+    freq_factors: tuple[float, ...] = ()  # scaling "factors" only: one divisor per frequency
 
 
 @dataclass(frozen=True)
@@ -109,6 +130,12 @@ class ModelConfig:
                 bad(name, f"expected a positive RoPE scaling factor, found {r.factor!r}")
             if r.scaling == "llama3" and not (r.original_context > 0 and r.high_freq_factor > r.low_freq_factor > 0):
                 bad(name, "llama3 RoPE scaling needs original_context > 0 and high_freq_factor > low_freq_factor > 0")
+            if (r.scaling == "factors") != bool(r.freq_factors):
+                bad(name, "per-frequency RoPE factors go with RoPE scaling 'factors' only")
+            if r.freq_factors and (len(r.freq_factors) != self.head_dim // 2 or not all(
+                    math.isfinite(x) and x > 0 for x in r.freq_factors)):
+                bad(name, f"expected {self.head_dim // 2} positive RoPE frequency factors (head_dim / 2), "
+                          f"found {len(r.freq_factors)}")
         if self.activation not in ACTIVATIONS:
             bad("activation", f"expected one of {', '.join(ACTIVATIONS)}, found {self.activation!r}")
         for name, seq in (("layer_windows", self.layer_windows), ("layer_ropes", self.layer_ropes)):

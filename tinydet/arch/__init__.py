@@ -15,7 +15,15 @@ Canonical tensor names (HF's layout: Q/K rows in rotate-half order, matrices [ou
   [head_dim] (qk_norm), .post_attention_norm / .post_ffn_norm [dim] (post_norms).
 Model code never sees a GGUF or HF name. A tensor's canonical value is what the kernels use; where
 an HF file stores it offset (Gemma's norms: w for 1 + w, which GGUF stores as is), its TensorSpec says
-so (`hf_offset`) and the HF reader and writer apply it.
+so (`hf_offset`) and the HF reader and writer apply it. Where a file stores several canonical tensors
+as the rows of one (Phi-3's qkv_proj [wq; wk; wv] and gate_up_proj [w1; w3]), each part's TensorSpec
+names the stored tensor and says which rows are its own (`fused`, `part`): `ArchSpec.gather` finds the
+stored tensor once and gives each part a row slice of its bytes (`formats.Tensor.row_slice`), and the
+convert tool writes the parts back concatenated in order. The canonical names stay wq/wk/wv/w1/w3.
+
+A spec whose `gguf_arch` is None is read from Hugging Face directories only: llama.cpp's converter
+writes that architecture under another one's name (Mistral as `llama`), so its GGUF files are that
+spec's.
 """
 
 from __future__ import annotations
@@ -39,15 +47,40 @@ class TensorSpec:
     # The HF file stores the value minus this (Gemma's norm weights: w, for a scale of 1 + w): reading an
     # HF directory gives float32(hf_offset + stored), writing one (convert) float32(value - hf_offset).
     hf_offset: float = 0.0
+    # Rows of a fused stored tensor: `fused` lists the ModelConfig attributes giving the row counts of
+    # the parts in stored order (("q_dim", "kv_dim", "kv_dim") for Phi-3's qkv_proj), `part` is this
+    # tensor's index among them. Every part has the same gguf / hf name; the stored tensor has
+    # (sum of the parts' rows,) + shape[1:] elements.
+    fused: tuple[str, ...] = ()
+    part: int = 0
+
+    def __post_init__(self):
+        if self.fused and not (0 <= self.part < len(self.fused) and self.fused[self.part] == self.shape[0]):
+            raise ValueError(f"{self.canonical}: part {self.part} of {self.fused} does not have {self.shape[0]} rows")
 
     def shape_for(self, cfg: ModelConfig) -> tuple[int, ...]:
         return tuple(getattr(cfg, s) for s in self.shape)
+
+    def stored_shape(self, cfg: ModelConfig) -> tuple[int, ...]:
+        """The shape of the tensor the file stores (the fused whole, for a part of one)."""
+        shape = self.shape_for(cfg)
+        if not self.fused:
+            return shape
+        return (sum(getattr(cfg, s) for s in self.fused),) + shape[1:]
+
+    def stored_rows(self, cfg: ModelConfig) -> tuple[int, int]:
+        """Rows r0..r1 of the stored tensor that are this tensor (all of them, unless fused)."""
+        if not self.fused:
+            return 0, self.shape_for(cfg)[0]
+        sizes = [getattr(cfg, s) for s in self.fused]
+        r0 = sum(sizes[:self.part])
+        return r0, r0 + sizes[self.part]
 
 
 @dataclass(frozen=True)
 class ArchSpec:
     name: str  # tinydet's name, ModelConfig.arch
-    gguf_arch: str  # general.architecture
+    gguf_arch: str | None  # general.architecture; None: read from HF directories only (module docstring)
     hf_architectures: tuple[str, ...]  # config.json "architectures" entries that mean this spec
     hf_model_type: str  # config.json "model_type"
     tensors: tuple[TensorSpec, ...]
@@ -77,16 +110,21 @@ class ArchSpec:
 
     def gather(self, cfg: ModelConfig, fmt: str, find: Callable, progress: Callable | None = None) -> dict:
         """Every tensor of a model with `cfg`, under its canonical name: `find(canonical, name in the
-        file, expected shape, TensorSpec)` (`fmt` "gguf" or "hf" picks the name) returns the file's
-        tensor, or None for an absent output matrix, which is then the embedding's (the same object);
-        it raises for anything else that is wrong. `progress(done, total, name)` is called before each
-        tensor and once at the end."""
+        file, expected stored shape, TensorSpec)` (`fmt` "gguf" or "hf" picks the name) returns the
+        file's tensor, or None for an absent output matrix, which is then the embedding's (the same
+        object); it raises for anything else that is wrong. A fused stored tensor is found once, with
+        its whole shape, and each part is its row slice. `progress(done, total, name)` is called
+        before each tensor and once at the end."""
         names = [(canon, getattr(t, fmt).format(layer), t) for canon, t, layer in self.tensors_for(cfg)]
-        out = {}
+        out, stored = {}, {}  # stored: name in the file -> what find returned
         for done, (canon, name, t) in enumerate(names):
             if progress is not None:
                 progress(done, len(names), name)
-            tensor = find(canon, name, t.shape_for(cfg), t)
+            if name not in stored:
+                stored[name] = find(canon, name, t.stored_shape(cfg), t)
+            tensor = stored[name]
+            if tensor is not None and t.fused:
+                tensor = tensor.row_slice(*t.stored_rows(cfg))
             if tensor is not None:
                 out[canon] = tensor
         if TIED[0] not in out:
@@ -134,7 +172,13 @@ SPECS: dict[str, ArchSpec] = _discover()
 
 
 def by_gguf(arch: str) -> ArchSpec | None:
-    return next((s for s in SPECS.values() if s.gguf_arch == arch), None)
+    """The spec of a GGUF file's general.architecture (never an HF-only spec)."""
+    return next((s for s in SPECS.values() if s.gguf_arch is not None and s.gguf_arch == arch), None)
+
+
+def gguf_archs() -> list[str]:
+    """The GGUF architectures tinydet reads, in spec order."""
+    return [s.gguf_arch for s in SPECS.values() if s.gguf_arch is not None]
 
 
 def by_hf(model_type, architectures) -> ArchSpec | None:

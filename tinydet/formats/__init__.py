@@ -57,6 +57,27 @@ class Tensor:
         self.release()
         return Tensor.of(a)
 
+    def row_slice(self, r0: int, r1: int) -> "Tensor":
+        """Rows r0..r1 of a 2-D tensor as a Tensor of its own, without copying: a view of the stored
+        bytes, in the stored type (a GGUF or safetensors matrix keeps its rows contiguous, and a
+        quantized row is whole blocks), whose `release` lets go of those rows' bytes only. The parts of
+        a fused matrix (`arch.TensorSpec.fused`: Phi-3's qkv_proj) are such slices."""
+        if self.ndim != 2 or not 0 <= r0 < r1 <= self.shape[0]:
+            raise ValueError(f"rows {r0}..{r1} of a tensor of shape {self.shape}")
+        if self.row_order is not None:  # no converter writes a fused matrix whose rows also move
+            raise ValueError("row_slice of a tensor whose rows move at load")
+        rb = row_bytes(self.ggml_type, self.shape[1])
+        if self.data.ndim != 1 or self.data.shape[0] != self.shape[0] * rb:
+            raise ValueError(f"{self!r}: {self.data.shape} stored bytes are not {self.shape[0]} rows of {rb}")
+        lo0, n = r0 * rb, (r1 - r0) * rb
+        whole = self._release
+
+        def release(lo=0, hi=None):  # offsets within the slice -> within the whole tensor
+            whole(lo0 + lo, lo0 + (n if hi is None else hi))
+
+        return Tensor(self.data[lo0:lo0 + n], self.ggml_type, (r1 - r0, self.shape[1]), None,
+                      release if whole is not None else None)
+
     @property
     def ndim(self) -> int:
         return len(self.shape)

@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 
 from .. import arch as archs
-from ..config import ModelConfig, RoPE
+from ..config import ModelConfig, RoPE, rope_refusal
 from ..errors import ModelFormatError
 from . import Checkpoint, Tensor
 from .gguf import GGUFFile
@@ -52,6 +52,29 @@ class _Keys:
         return v
 
 
+ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-frequency RoPE divisors (Llama 3.1's scaling)
+
+
+def _rope_freqs(g: GGUFFile, spec: archs.ArchSpec, rope: RoPE, scaling: str, head_dim: int) -> RoPE:
+    """The RoPE of a file with rope_freqs.weight: its divisors, as Llama 3's parameters where they
+    reproduce them exactly (`rope.from_factors`)."""
+    from ..rope import from_factors
+
+    if "factors" not in spec.rope_scalings:
+        raise ModelFormatError(g.path, ROPE_FREQS, f"per-frequency RoPE factors are not supported for {spec.name}")
+    if scaling != "none":
+        raise ModelFormatError(g.path, ROPE_FREQS, f"per-frequency RoPE factors together with RoPE scaling "
+                                                   f"{scaling!r} are not supported")
+    info = g.tensors[ROPE_FREQS]
+    if info.shape != (head_dim // 2,) or info.type_name != "F32":
+        raise ModelFormatError(g.path, ROPE_FREQS, f"expected F32 of shape ({head_dim // 2},) (head_dim / 2), found "
+                                                   f"{info.type_name} of shape {info.shape}")
+    f = np.frombuffer(g.tensor_bytes(ROPE_FREQS), np.float32)
+    if not np.all(np.isfinite(f) & (f > 0)):
+        raise ModelFormatError(g.path, ROPE_FREQS, "expected positive, finite factors")
+    return from_factors(rope.base, head_dim, f)
+
+
 def gguf_config(g: GGUFFile) -> tuple[archs.ArchSpec, ModelConfig]:
     """The architecture's spec and the Config from `{arch}.*` keys, with llama.cpp's defaults where a
     key is absent."""
@@ -59,7 +82,7 @@ def gguf_config(g: GGUFFile) -> tuple[archs.ArchSpec, ModelConfig]:
     name = g.require("general.architecture")
     spec = archs.by_gguf(name)
     if spec is None:
-        supported = ", ".join(s.gguf_arch for s in archs.SPECS.values())
+        supported = ", ".join(archs.gguf_archs())
         raise ModelFormatError(path, "general.architecture",
                                f"architecture {name!r} is not supported (supported: {supported})")
     k = _Keys(g, name)
@@ -82,10 +105,12 @@ def gguf_config(g: GGUFFile) -> tuple[archs.ArchSpec, ModelConfig]:
         k.bad("rope.dimension_count", f"partial RoPE is not supported: expected {head_dim}, found {rope_dim}")
     scaling = k.get("rope.scaling.type", "none")
     if scaling not in spec.rope_scalings:
-        k.bad("rope.scaling.type", f"RoPE scaling {scaling!r} is not supported")
+        k.bad("rope.scaling.type", f"RoPE scaling {scaling!r} is not supported{rope_refusal(scaling)}")
     rope = RoPE(base=float(k.get("rope.freq_base", 10000.0)))
     if scaling == "linear":
         rope = RoPE(base=rope.base, scaling="linear", factor=float(k.get("rope.scaling.factor", 1.0)))
+    if ROPE_FREQS in g.tensors:
+        rope = _rope_freqs(g, spec, rope, scaling, head_dim)
     tokens = g.get("tokenizer.ggml.tokens")
     vocab = k.get("vocab_size")
     if vocab is None:
@@ -144,8 +169,10 @@ def open_gguf(path: str | Path, progress: Callable[[int, int, str], None] | None
     if tokenizer.vocab_size > cfg.vocab_size:
         raise ModelFormatError(g.path, "tokenizer.ggml.tokens",
                                f"{tokenizer.vocab_size} tokens but the model has a vocabulary of {cfg.vocab_size}")
+    # The vocabulary arrays live on in the tokenizer: not twice in memory, also not while the
+    # weights load (the tensors keep `g` until then).
+    g.drop_metadata(TOKENIZER_ARRAYS)
     tensors = gguf_tensors(g, spec, cfg, progress)
-    # The vocabulary arrays live on in the tokenizer; keeping them twice would cost ~10 MB.
-    metadata = {k: v for k, v in g.metadata.items() if not k.startswith(TOKENIZER_ARRAYS)}
+    metadata = dict(g.metadata)
     stored = [(t.name, t.type_name, t.shape) for t in g.tensors.values()]
     return Checkpoint(cfg, tensors, tokenizer, metadata, g.path, spec, "gguf", stored)

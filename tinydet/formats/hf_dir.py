@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from .. import arch as archs
-from ..config import ModelConfig, RoPE
+from ..config import ModelConfig, RoPE, rope_refusal
 from ..errors import ModelFormatError
 from ..tokenizer.hf import CONFIG_FILE, TOKENIZER_FILE, read_hf_tokenizer
 from . import Checkpoint, Tensor
@@ -43,14 +43,14 @@ PICKLE_PATTERNS = ("pytorch_model*.bin", "*.bin", "*.pt", "*.pth", "*.ckpt")
 class _Fields:
     """Typed reads of config.json's keys; errors name the key."""
 
-    def __init__(self, c: dict, path: Path):
-        self.c, self.path = c, path
+    def __init__(self, c: dict, path: Path, prefix: str = ""):
+        self.c, self.path, self.prefix = c, path, prefix  # prefix: "rope_scaling." for a nested object
         # Whether the output is tied to the embedding when config.json has no tie_word_embeddings: an
         # architecture's hook sets it where transformers' config class defaults to tying (Gemma 3).
         self.tie_default = False
 
     def bad(self, key: str, msg: str):
-        raise ModelFormatError(self.path, key, msg)
+        raise ModelFormatError(self.path, self.prefix + key, msg)
 
     def get(self, key: str, default=None):
         v = self.c.get(key)
@@ -102,8 +102,12 @@ def rope_object(f: _Fields, key: str, rp, spec: archs.ArchSpec, theta: float | N
     kind = rp.get("rope_type", rp.get("type", "default"))
     if _ROPE_NAMES.get(kind) not in spec.rope_scalings:
         supported = ", ".join(repr(k) for k, v in _ROPE_NAMES.items() if v in spec.rope_scalings)
-        f.bad(key, f"RoPE scaling {kind!r} is not supported (supported: {supported})")
-    extra = set(rp) - {"rope_type", "type", "rope_theta"} - set(_ROPE_KEYS[kind])
+        f.bad(key, f"RoPE scaling {kind!r} is not supported (supported: {supported}){rope_refusal(kind)}")
+    # transformers 5 writes partial_rotary_factor into rope_parameters (Phi-3's 1.0, Phi-4-mini's 0.75)
+    prf = rp.get("partial_rotary_factor", 1.0)
+    if isinstance(prf, bool) or prf not in (1, 1.0, None):
+        f.bad(f"{key}.partial_rotary_factor", f"partial RoPE is not supported, found {prf!r}")
+    extra = set(rp) - {"rope_type", "type", "rope_theta", "partial_rotary_factor"} - set(_ROPE_KEYS[kind])
     if extra:
         f.bad(key, f"RoPE parameters {sorted(extra)} are not supported")
     if rp.get("rope_theta") is not None:
@@ -113,7 +117,7 @@ def rope_object(f: _Fields, key: str, rp, spec: archs.ArchSpec, theta: float | N
         if theta is not None and float(t) != theta:
             f.bad(f"{key}.rope_theta", f"{t!r} disagrees with rope_theta {theta!r}")
         theta = float(t)
-    sub = _Fields(rp, f.path)
+    sub = _Fields(rp, f.path, f"{key}.")
     rope = RoPE()
     if kind == "linear":
         rope = RoPE(scaling="linear", factor=sub.float("factor"))

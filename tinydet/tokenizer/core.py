@@ -11,7 +11,8 @@ leading space SentencePiece added, and decodes UTF-8 with U+FFFD for invalid byt
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 
 import tokenizers
 from tokenizers import processors
@@ -20,11 +21,12 @@ from . import gguf
 from .spm import _SPM, SPIECE_UNDERLINE
 from .stream import StreamDecoder
 
+_C_SPACE = " \t\n\v\f\r"  # what C's isspace() accepts (llama.cpp strips these, HF any Unicode space)
+
 
 class Tokenizer:
     """Text <-> token ids for one model. Build with `from_gguf_metadata` or `from_hf`."""
 
-    hf: tokenizers.Tokenizer
     vocab_size: int
     bos_id: int | None
     eos_ids: tuple[int, ...]
@@ -33,7 +35,8 @@ class Tokenizer:
 
     def __init__(self):
         # Filled in by the constructors below.
-        self.hf = None  # type: ignore[assignment]
+        self._hf: tokenizers.Tokenizer | None = None
+        self._hf_build: Callable[[], tokenizers.Tokenizer] | None = None  # makes `hf` on first use
         self.vocab_size = 0
         self.model = "hf"  # "llama" (SentencePiece BPE), "gpt2" (byte-level BPE) or "hf"
         self.pre: str | None = None
@@ -50,8 +53,35 @@ class Tokenizer:
         self._spm: _SPM | None = None
         self._special_re: re.Pattern | None = None
         self._special_ids: dict[str, int] = {}
-        self._pieces: list[bytes] | None = None  # per-token decoded bytes (GGUF vocabularies)
+        self._rstrip: frozenset[int] = frozenset()  # special tokens that swallow the whitespace after them
+        self._pieces: gguf._Pieces | None = None  # per-token decoded bytes (GGUF vocabularies)
         self._skip: frozenset[int] = frozenset()
+
+    _HF_LOCK = threading.Lock()  # one build of a lazy `hf`, whichever thread asks first
+
+    @property
+    def hf(self) -> tokenizers.Tokenizer:
+        """The vocabulary as a `tokenizers.Tokenizer` (with BOS/EOS added as `encode` adds them). A
+        SentencePiece GGUF vocabulary builds it on first use, not at load: `encode` and `decode` do
+        not use it, and it is the largest part of such a tokenizer (Gemma 3: ~120 MiB, 3 s)."""
+        if self._hf_build is not None:
+            with self._HF_LOCK:
+                if self._hf_build is not None:  # another thread may have built it meanwhile
+                    self._hf = self._hf_build()
+                    self._set_post_processor()
+                    self._hf_build = None  # only now: other threads wait for the whole of it
+        return self._hf
+
+    @hf.setter
+    def hf(self, value: tokenizers.Tokenizer) -> None:
+        self._hf, self._hf_build = value, None
+
+    def id_to_token(self, i: int) -> str | None:
+        """The vocabulary's text of token i (as `hf.id_to_token`; None outside the vocabulary),
+        without building a lazy `hf`."""
+        if self._spm is not None:
+            return self._spm.token(i) if 0 <= i < len(self._spm.tokens) else None
+        return self.hf.id_to_token(i)
 
     # -- construction ------------------------------------------------------------------------------
 
@@ -80,21 +110,22 @@ class Tokenizer:
         return tok
 
     def _set_post_processor(self) -> None:
-        """Make `hf.encode(text)` add BOS/EOS the way `encode` does."""
+        """Make `hf.encode(text)` add BOS/EOS the way `encode` does (on `_hf`: a lazy `hf` calls this
+        while it is being built)."""
         single, special = "$A", []
         if self.add_bos:
-            bos = self.hf.id_to_token(self.bos_id)
+            bos = self._hf.id_to_token(self.bos_id)
             single = f"{bos} {single}"
             special.append((bos, self.bos_id))
         if self.add_eos:
-            eos = self.hf.id_to_token(self.eos_id)
+            eos = self._hf.id_to_token(self.eos_id)
             single = f"{single} {eos}"
             if self.eos_id != self.bos_id or not self.add_bos:
                 special.append((eos, self.eos_id))
         try:
-            self.hf.post_processor = processors.TemplateProcessing(single=single, special_tokens=special)
+            self._hf.post_processor = processors.TemplateProcessing(single=single, special_tokens=special)
         except Exception:  # noqa: BLE001 - a token text the template syntax cannot hold: leave hf as is
-            self.hf.post_processor = None
+            self._hf.post_processor = None
 
     # -- encoding ----------------------------------------------------------------------------------
 
@@ -134,11 +165,15 @@ class Tokenizer:
                 yield text, None
             return
         pos = 0
-        for mt in self._special_re.finditer(text):
+        while (mt := self._special_re.search(text, pos)) is not None:
             if mt.start() > pos:
                 yield text[pos:mt.start()], None
-            yield "", self._special_ids[mt.group()]
+            tid = self._special_ids[mt.group()]
+            yield "", tid
             pos = mt.end()
+            if tid in self._rstrip:  # llama.cpp's RSTRIP: C isspace() on the bytes that follow
+                while pos < len(text) and text[pos] in _C_SPACE:
+                    pos += 1
         if pos < len(text):
             yield text[pos:], None
 
@@ -168,7 +203,7 @@ class Tokenizer:
             b = self._pieces[i]
         else:
             b = self.hf.decode([i], skip_special_tokens=False).encode("utf-8")
-        return b or (self.hf.id_to_token(i) or "").encode("utf-8")
+        return b or (self.id_to_token(i) or "").encode("utf-8")
 
     def stream(self, prefix: Sequence[int] = ()) -> StreamDecoder:
         """An incremental decoder. Text it emits continues `decode(prefix)`: with the default (empty)

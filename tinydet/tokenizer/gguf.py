@@ -5,13 +5,22 @@ Two vocabulary kinds are supported: ``tokenizer.ggml.model = llama`` (SentencePi
 and ``tokenizer.ggml.model = gpt2`` (byte-level BPE over the file's merges, see `bpe`). Control,
 unknown and user-defined tokens (types 3, 2, 4) become the `tokenizers.Tokenizer`'s added tokens, and
 each token's decoded bytes are computed once here (`_gguf_pieces`).
+
+Memory: a vocabulary is held once. One token -> id dict serves the duplicate check, the lookups
+here and a byte-level vocabulary's `tokenizers` model; a SentencePiece vocabulary keeps it as UTF-8
+bytes (`spm._SPM`), so the metadata's strings go with the metadata. Scores are one float64 array,
+the decoded pieces one buffer (`_Pieces`). A SentencePiece vocabulary's `tokenizers.Tokenizer`
+(``Tokenizer.hf``) is built on first use only: encoding and decoding do not need it, and for Gemma 3's
+262,144 tokens its merges and maps take about 120 MiB and 2.5 s.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
-from typing import TYPE_CHECKING, Any
+from array import array
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import numpy as np
 from tokenizers import AddedToken
@@ -124,6 +133,19 @@ class _Meta:
 # The vocabulary
 
 
+# The token texts llama.cpp's llama_vocab::impl::load adds to its end-of-generation set whatever the
+# metadata says (src/llama-vocab.cpp at the llama.cpp of llama-cpp-python 0.3.36).
+EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+             "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+             "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+             "<\uff5cend\u2581of\u2581sentence\uff5c>", "[e~[")
+
+# ... and its fill-in-the-middle pad, repo and file-separator tokens (the metadata's, else found by text).
+FIM_EOG_TEXTS = {"pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+                 "rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+                 "sep": ("<|file_sep|>",)}
+
+
 def from_metadata(cls: type[Tokenizer], metadata: dict, path) -> Tokenizer:
     """`Tokenizer.from_gguf_metadata`: check `metadata`, then fill in a `cls()`."""
     m = _Meta(metadata, path)
@@ -159,7 +181,9 @@ def from_metadata(cls: type[Tokenizer], metadata: dict, path) -> Tokenizer:
     scores_arr = m.numeric_array("tokenizer.ggml.scores", n, "f")
     if kind == "llama" and scores_arr is None:
         raise m.err("tokenizer.ggml.scores", "required for a 'llama' (SentencePiece) vocabulary, missing")
-    scores = [float(x) for x in scores_arr] if scores_arr is not None else [0.0] * n
+    # One float64 per token, not a Python float object (2 MiB, not 8, for 262,144 tokens); reading it
+    # gives the Python float that float(x) gave.
+    scores = array("d", (np.zeros(n) if scores_arr is None else np.asarray(scores_arr, np.float64)).tobytes())
     if any(s != s for s in scores):
         raise m.err("tokenizer.ggml.scores", "contains NaN")
 
@@ -176,7 +200,16 @@ def from_metadata(cls: type[Tokenizer], metadata: dict, path) -> Tokenizer:
     tok.sep_id = m.token_id("tokenizer.ggml.seperator_token_id", n, None, strict=False)
     eot = m.token_id("tokenizer.ggml.eot_token_id", n, None)
     eom = m.token_id("tokenizer.ggml.eom_token_id", n, None)
-    tok.eos_ids = tuple(dict.fromkeys(i for i in (tok.eos_id, eot, eom) if i is not None))
+    # Generation also ends on the tokens llama.cpp takes as end-of-generation by their text, so a chat
+    # stops where llama.cpp's does (Llama 3's <|eot_id|>, Gemma's <end_of_turn>, Phi-3's <|end|>).
+    eog = {seen[t] for t in EOG_TEXTS if t in seen}
+    for fim_kind, texts in FIM_EOG_TEXTS.items():  # and on the first fill-in-the-middle pad/repo/separator
+        fim = m.token_id(f"tokenizer.ggml.fim_{fim_kind}_token_id", n, None)
+        found = [seen[t] for t in texts if t in seen]
+        if fim is not None or found:
+            eog.add(fim if fim is not None else min(found))
+    eog = sorted(eog)
+    tok.eos_ids = tuple(dict.fromkeys([*(i for i in (tok.eos_id, eot, eom) if i is not None), *eog]))
 
     if spm:
         pre = None
@@ -209,10 +242,15 @@ def from_metadata(cls: type[Tokenizer], metadata: dict, path) -> Tokenizer:
         alts = sorted(tok._special_ids, key=lambda s: (-len(s), s))
         tok._special_re = re.compile("|".join(map(re.escape, alts)))
 
-    vocab = {t: i for i, t in enumerate(tokens)}
+    vocab = seen  # every token -> its id, in id order: built once (262,144 entries: 14 MiB with the ids)
+    rstrip = _rstrip_ids(metadata.get("general.name"), vocab, specials + user_defined)
+    tok._rstrip = rstrip
     if spm:
-        hf = hf_spm(tokens, scores, vocab, tok.unk_id, tok.add_space_prefix)
-        tok._spm = _SPM(tokens, scores, tok.unk_id)
+        tok._spm = _SPM(vocab, scores, tok.unk_id)
+        # Built on first use of tok.hf (the module docstring), from _spm: not from the metadata, whose
+        # strings can then go.
+        tok._hf_build = functools.partial(_spm_hf, path, tok._spm, tok.unk_id, tok.add_space_prefix,
+                                          specials, user_defined, rstrip)
     else:
         raw_merges = m.string_list("tokenizer.ggml.merges", required=True)
         merges = []
@@ -223,39 +261,89 @@ def from_metadata(cls: type[Tokenizer], metadata: dict, path) -> Tokenizer:
                 raise m.err("tokenizer.ggml.merges",
                             f"merge {i} ({s!r}) is not 'LEFT RIGHT' over tokens whose concatenation is a token")
             merges.append((left, right))
-        hf = hf_byte_level(vocab, merges, PRE_TOKENIZERS[pre])
-    if specials:
-        hf.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in specials])
-    if user_defined:
-        hf.add_tokens([AddedToken(tokens[i], special=False, normalized=False) for i in user_defined])
-    if hf.get_vocab_size(with_added_tokens=True) != n:
-        raise m.err("tokenizer.ggml.tokens", "the special tokens do not map onto the vocabulary")
-    tok.hf = hf
-    tok._set_post_processor()
-    tok._pieces = _gguf_pieces(tokens, types, spm)
+        tok.hf = _with_added_tokens(path, hf_byte_level(vocab, merges, PRE_TOKENIZERS[pre]), tokens, specials,
+                                    user_defined, rstrip)
+        tok._set_post_processor()
+    tok._pieces = _Pieces(_gguf_pieces(tokens, types, spm))
     tok._skip = frozenset(i for i, t in enumerate(types) if t in (TOKEN_CONTROL, TOKEN_UNKNOWN)) | frozenset(
         i for i in (tok.bos_id, *tok.eos_ids) if i is not None)
     return tok
 
 
-def _gguf_pieces(tokens: list[str], types: list[int], spm: bool) -> list[bytes]:
+def _with_added_tokens(path, hf, tokens: list[str], specials: list[int], user_defined: list[int],
+                       rstrip: frozenset[int]):
+    """`hf` with the control and unknown tokens as special added tokens and the user-defined ones as
+    added tokens (matched whole in the text)."""
+    if specials:
+        hf.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False, rstrip=i in rstrip)
+                               for i in specials])
+    if user_defined:
+        hf.add_tokens([AddedToken(tokens[i], special=False, normalized=False, rstrip=i in rstrip)
+                       for i in user_defined])
+    if hf.get_vocab_size(with_added_tokens=True) != len(tokens):
+        raise ModelFormatError(path, "tokenizer.ggml.tokens", "the special tokens do not map onto the vocabulary")
+    return hf
+
+
+def _spm_hf(path, spm: _SPM, unk_id, add_space_prefix, specials, user_defined, rstrip):
+    """A SentencePiece vocabulary's `tokenizers.Tokenizer` (`spm.hf_spm`, plus its added tokens)."""
+    tokens = [spm.token(i) for i in range(len(spm.tokens))]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    return _with_added_tokens(path, hf_spm(tokens, spm.scores, vocab, unk_id, add_space_prefix), tokens,
+                              specials, user_defined, rstrip)
+
+
+def _rstrip_ids(name, vocab: dict[str, int], matched: list[int]) -> frozenset[int]:
+    """The tokens that swallow the whitespace after them in the text, as llama.cpp's
+    llama_vocab::impl::load sets LLAMA_TOKEN_ATTR_RSTRIP by the file's general.name: where it contains
+    "phi-3" or "phi3" (any case), every token matched in the text (control, unknown, user-defined) and
+    "</s>", but "<unk>", "<s>" and "<|endoftext|>" (what Phi-3's tokenizer.json says with rstrip: true;
+    its chat template's "<|user|>" and the newline after it give the one token). No other model gets
+    such attributes here."""
+    if not isinstance(name, str) or not any(s in name.lower() for s in ("phi-3", "phi3")):
+        return frozenset()
+    ids = set(matched) | ({vocab["</s>"]} if "</s>" in vocab else set())
+    return frozenset(ids - {vocab.get(t) for t in ("<unk>", "<s>", "<|endoftext|>")})
+
+
+class _Pieces:
+    """Each token's decoded bytes, all in one buffer: piece i (0 <= i < len) is data[ends[i]:ends[i + 1]].
+    A list of 262,144 bytes objects (Gemma 3's vocabulary) takes 12 MiB; this takes 4."""
+
+    __slots__ = ("_data", "_ends")
+
+    def __init__(self, pieces: Iterable[bytes]):
+        data, ends = bytearray(), array("q", [0])
+        for b in pieces:
+            data += b
+            ends.append(len(data))
+        self._data, self._ends = bytes(data), ends
+
+    def __len__(self) -> int:
+        return len(self._ends) - 1
+
+    def __getitem__(self, i: int) -> bytes:
+        return self._data[self._ends[i]:self._ends[i + 1]]
+
+
+def _gguf_pieces(tokens: list[str], types: list[int], spm: bool) -> Iterator[bytes]:
     """Bytes each token contributes to decoded text, as llama.cpp's token_to_piece(special=false):
-    control, unknown, unused and undefined tokens give nothing; user-defined tokens their text."""
-    out = []
+    control, unknown, unused and undefined tokens give nothing; user-defined tokens their text.
+    Yielded one by one, into `_Pieces`: a list of them would be a transient of 262,144 objects."""
     for t, ty in zip(tokens, types):
         if ty == TOKEN_USER_DEFINED:
-            out.append(t.encode("utf-8"))
+            yield t.encode("utf-8")
         elif ty == TOKEN_NORMAL:
             if spm:
-                out.append(t.replace(SPIECE_UNDERLINE, " ").encode("utf-8"))
+                yield t.replace(SPIECE_UNDERLINE, " ").encode("utf-8")
             else:
                 try:
-                    out.append(bytes(_CHAR_TO_BYTE[c] for c in t))
+                    b = bytes(_CHAR_TO_BYTE[c] for c in t)
                 except KeyError:  # not byte-level text: take it as written
-                    out.append(t.encode("utf-8"))
+                    b = t.encode("utf-8")
+                yield b
         elif ty == TOKEN_BYTE and spm:
             mt = _BYTE_TOKEN_RE.fullmatch(t)
-            out.append(bytes([int(mt.group(1), 16)]) if mt else b"")
+            yield bytes([int(mt.group(1), 16)]) if mt else b""
         else:
-            out.append(b"")
-    return out
+            yield b""

@@ -5,8 +5,8 @@ special token (unless ``tokenizer.ggml.add_space_prefix`` is false), then adjace
 always taking the pair whose merged piece has the highest score (leftmost on ties), and characters that
 end up as no token fall back to ``<0xNN>`` byte tokens. ``Tokenizer.encode`` runs exactly that algorithm
 (`_SPM`: llama.cpp's llm_tokenizer_spm_session, in Python, cached per word). A ``tokenizers.BPE`` with
-merges derived from the scores (the way transformers converts such vocabularies, `hf_spm`) is built as
-well, as ``Tokenizer.hf``; it agrees on everything tested, but a merge-rank order cannot express SPM's
+merges derived from the scores (the way transformers converts such vocabularies, `hf_spm`) is built on
+first use of ``Tokenizer.hf``; it agrees on everything tested, but a merge-rank order cannot express SPM's
 position-based tie-break between a token's different splits in general, so ``Tokenizer.encode`` does
 not rely on it.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import re
+from collections.abc import Sequence
 
 import tokenizers
 from tokenizers import decoders, models, normalizers
@@ -29,20 +30,29 @@ _BYTE_TOKEN_RE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 class _SPM:
+    """The vocabulary is held as UTF-8 bytes: a token's bytes object takes about half the memory of its
+    str (a "▁" makes a str two bytes a character; Gemma 3's 262,144 tokens: 12 MiB, not 21), and
+    merging bytes gives the same tokens as merging text: concatenation and lookups agree, and the
+    stale-bigram check compares lengths that only grow when a symbol changes, in bytes as in
+    characters."""
+
     _CACHE_MAX = 1 << 16
 
-    def __init__(self, tokens: list[str], scores: list[float], unk_id: int | None):
-        self.vocab = {t: i for i, t in enumerate(tokens)}
+    def __init__(self, vocab: dict[str, int], scores: Sequence[float], unk_id: int | None):
+        """`vocab` maps every token to its id, in id order (its id objects are shared, not copied);
+        `scores` is indexed by id."""
+        self.vocab = {t.encode("utf-8"): i for t, i in vocab.items()}
+        self.tokens = list(self.vocab)  # by id
         self.scores = scores
         self.byte_ids: list[int | None] = []
         for b in range(256):
-            tid = self.vocab.get(f"<0x{b:02X}>")
+            tid = self.vocab.get(b"<0x%02X>" % b)
             if tid is None and b < 0x80:
-                tid = self.vocab.get(chr(b))
+                tid = self.vocab.get(bytes([b]))
             self.byte_ids.append(tid if tid is not None else unk_id)
         # Merges never cross the start of a "▁" run unless some token has a "▁" after another
         # character; when none does, text can be cut there and each word encoded (and cached) alone.
-        self.split_words = not any(re.search(f"[^{SPIECE_UNDERLINE}]{SPIECE_UNDERLINE}", t) for t in tokens)
+        self.split_words = not any(re.search(f"[^{SPIECE_UNDERLINE}]{SPIECE_UNDERLINE}", t) for t in vocab)
         self._word_re = re.compile(f"(?<=[^{SPIECE_UNDERLINE}])(?={SPIECE_UNDERLINE})")
         self._cache: dict[str, tuple[int, ...]] = {}
 
@@ -64,9 +74,12 @@ class _SPM:
             out.extend(ids)
         return out
 
+    def token(self, i: int) -> str:
+        return self.tokens[i].decode("utf-8")
+
     def _merge(self, word: str) -> tuple[int, ...]:
         vocab, scores = self.vocab, self.scores
-        sym = list(word)
+        sym = [c.encode("utf-8") for c in word]  # symbols as bytes (the class docstring)
         n = len(sym)
         nxt = list(range(1, n + 1))
         nxt[-1] = -1
@@ -85,7 +98,7 @@ class _SPM:
             if not sl or not sr or len(sl) + len(sr) != size:
                 continue
             merged = sl + sr
-            sym[left], sym[right] = merged, ""
+            sym[left], sym[right] = merged, b""
             nx = nxt[right]
             nxt[left] = nx
             if nx >= 0:
@@ -107,11 +120,11 @@ class _SPM:
             if tid is not None:
                 out.append(tid)
             else:  # only single characters can be missing: byte fallback
-                for b in s.encode("utf-8"):
+                for b in s:
                     bid = self.byte_ids[b]
                     if bid is None:
-                        raise ValueError(f"cannot encode {s!r}: the vocabulary has no <0x{b:02X}> byte token "
-                                         "and no unknown token")
+                        raise ValueError(f"cannot encode {s.decode('utf-8')!r}: the vocabulary has no "
+                                         f"<0x{b:02X}> byte token and no unknown token")
                     out.append(bid)
             i = nxt[i]
         return tuple(out)
@@ -121,10 +134,9 @@ class _SPM:
 # The same vocabulary as a tokenizers.BPE
 
 
-def _spm_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
-    """BPE merges implied by a scored vocabulary: every split of a token into two tokens, best score
-    first (as transformers' GGUF/SentencePiece converters do)."""
-    vocab = {t: i for i, t in enumerate(tokens)}
+def _spm_merges(tokens: list[str], scores: Sequence[float], vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """BPE merges implied by a scored vocabulary (`vocab` maps `tokens` to their ids): every split of
+    a token into two tokens, best score first (as transformers' GGUF/SentencePiece converters do)."""
     found = []
     for i, t in enumerate(tokens):
         if len(t) < 2:
@@ -137,12 +149,12 @@ def _spm_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]
     return [(left, right) for *_, left, right in found]
 
 
-def hf_spm(tokens: list[str], scores: list[float], vocab: dict[str, int], unk_id: int | None,
+def hf_spm(tokens: list[str], scores: Sequence[float], vocab: dict[str, int], unk_id: int | None,
            add_space_prefix: bool) -> tokenizers.Tokenizer:
     """A `tokenizers.Tokenizer` for a SentencePiece vocabulary (`vocab` maps `tokens` to their ids):
     BPE over `_spm_merges`, spaces as "▁" (with the prefix when `add_space_prefix`), byte fallback."""
     # llama.cpp merges into any token whose text two adjacent symbols spell.
-    merges = _spm_merges(tokens, scores)
+    merges = _spm_merges(tokens, scores, vocab)
     unk_text = tokens[unk_id] if unk_id is not None else None
     model = models.BPE(vocab=vocab, merges=merges, unk_token=unk_text, fuse_unk=True, byte_fallback=True)
     hf = tokenizers.Tokenizer(model)

@@ -3,7 +3,10 @@
 The weights come through tinydet's own GGUF path (dequantized exactly, Q/K rows un-permuted), so they
 are already in HF's layout under canonical names; the architecture's spec (`arch/`) gives their HF
 names and its class. The result loads in transformers as that class (LlamaForCausalLM, ...) and in
-tinydet with the same logits, bit for bit, as the GGUF.
+tinydet with the same logits, bit for bit, as the GGUF. Canonical tensors that HF stores as the rows
+of one (`arch.TensorSpec.fused`: Phi-3's qkv_proj and gate_up_proj) are written as that one tensor,
+their rows concatenated in order. A Mistral GGUF is a `llama` one (llama.cpp's converter writes it so)
+and becomes a LlamaForCausalLM directory.
 
 `dtype="fp16"` stores the matrices (embedding, projections, output) as binary16, rounded once with
 NumPy's round-to-nearest-even, and keeps the RMSNorm weights float32 — exactly what tinydet's fp16
@@ -61,6 +64,19 @@ def _check_out_dir(out: Path, overwrite: bool) -> None:
                                "`tinydet convert --overwrite`, replaces it)")
 
 
+def _hf_rope_scaling(rope, src: Path) -> dict | None:
+    """config.json's rope_scaling (transformers 4.x form) for a RoPE read from a GGUF."""
+    if rope.scaling == "none":
+        return None
+    if rope.scaling == "linear":
+        return {"rope_type": "linear", "factor": rope.factor}
+    if rope.scaling == "llama3":
+        return {"rope_type": "llama3", "factor": rope.factor, "low_freq_factor": rope.low_freq_factor,
+                "high_freq_factor": rope.high_freq_factor, "original_max_position_embeddings": rope.original_context}
+    raise TinydetError(f"{src}: rope_freqs.weight: these per-frequency RoPE factors match no Llama 3 RoPE scaling "
+                       "exactly, so config.json cannot say them (the GGUF itself runs as it is)")
+
+
 def convert_gguf_to_hf(gguf_path, out_dir, dtype: str = "fp32", overwrite: bool = False,
                        progress: Callable[[int, int, str], None] | None = None) -> Path:
     """Convert a GGUF model to a Hugging Face directory at `out_dir`; returns its path.
@@ -76,8 +92,10 @@ def convert_gguf_to_hf(gguf_path, out_dir, dtype: str = "fp32", overwrite: bool 
     ck = open_gguf(src, progress)  # canonical names, HF's Q/K layout
     cfg, tok, spec, weights = ck.config, ck.tokenizer, ck.arch, ck.tensors
     tied = weights[archs.TIED[0]] is weights[archs.TIED[1]]
+    rope_scaling = _hf_rope_scaling(cfg.rope, src)  # before any work: a RoPE config.json cannot say is refused
 
     tensors: dict[str, np.ndarray] = {}  # HF name -> array; shapes as in the spec
+    fused: dict[str, list] = {}  # HF name of a fused tensor -> its parts so far, by part index
     for canon, t, layer in spec.tensors_for(cfg):
         if canon == archs.TIED[0] and tied:
             continue
@@ -86,7 +104,14 @@ def convert_gguf_to_hf(gguf_path, out_dir, dtype: str = "fp32", overwrite: bool 
             w = w - np.float32(t.hf_offset)
         if dtype == "fp16" and w.ndim == 2:
             w = w.astype(np.float16)  # the one rounding: IEEE round-to-nearest-even
-        tensors[t.hf.format(layer)] = w
+        name = t.hf.format(layer)
+        if t.fused:  # one stored tensor, its parts' rows in order (Phi-3's qkv_proj, gate_up_proj)
+            parts = fused.setdefault(name, [None] * len(t.fused))
+            parts[t.part] = w
+            if all(p is not None for p in parts):
+                tensors[name] = np.concatenate(fused.pop(name))
+        else:
+            tensors[name] = w
 
     def piece(i):
         return None if i is None else tok.hf.id_to_token(i)
@@ -104,7 +129,7 @@ def convert_gguf_to_hf(gguf_path, out_dir, dtype: str = "fp32", overwrite: bool 
         "vocab_size": cfg.vocab_size,
         "max_position_embeddings": cfg.context_length,
         "rope_theta": cfg.rope_base,
-        "rope_scaling": None,
+        "rope_scaling": rope_scaling,
         "rms_norm_eps": cfg.rms_eps,  # the file's float32 value, widened exactly
         **(spec.hf_config_out(cfg) if spec.hf_config_out else {}),
         "tie_word_embeddings": tied,

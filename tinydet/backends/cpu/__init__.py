@@ -50,7 +50,8 @@ from ...errors import TinydetError  # noqa: E402
 from ..base import Backend, Hook, KVCache, plan_batch, split_logits  # noqa: E402
 from . import forward as _fw  # noqa: E402
 from .layout import as_storage  # noqa: E402
-from .ops import ACTIVATIONS, ATILE, inv_freq, rope_tables  # noqa: E402
+from .ops import ACTIVATIONS, ATILE, rope_tables  # noqa: E402
+from ...rope import inv_freq  # noqa: E402
 from .weights import DTYPES, CPUWeights  # noqa: E402
 
 

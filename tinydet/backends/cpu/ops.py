@@ -15,12 +15,10 @@ sum of V runs 64 dims per vector.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import njit, prange
 
-from .mathfn import exp32, exp64, log64, sincos64, tanh32
+from .mathfn import exp32, sincos64, tanh32
 from .simd import (LANES, f32, kahan, kahan1, narrow, v_add, v_div, v_gather, v_get, v_load, v_max_range, v_mul,
                    v_neg, v_splat, v_sqrt, v_store, v_zero, widen)
 from .vmath import v_exp32, v_exp32_sub, v_tanh32
@@ -154,29 +152,6 @@ def rope_tables(n_pos, inv_freq, cos, sin):
             s, c = sincos64(np.float64(p) * inv_freq[i])
             cos[p, i] = np.float32(c)
             sin[p, i] = np.float32(s)
-
-
-def inv_freq(rope, head_dim: int) -> np.ndarray:
-    """(head_dim / 2,) float64 inverse frequencies of a `config.RoPE`: base**(-2i/head_dim) from
-    tinydet's own exp/log, then its scaling by + - * / only, so every machine computes the same table."""
-    ln_base = log64(rope.base)
-    inv = np.array([exp64(-(2.0 * i / head_dim) * ln_base) for i in range(head_dim // 2)])
-    if rope.scaling == "linear":
-        inv = inv / rope.factor
-    elif rope.scaling == "llama3":  # transformers' _compute_llama3_parameters, in float64
-        low_wavelen = rope.original_context / rope.low_freq_factor
-        high_wavelen = rope.original_context / rope.high_freq_factor
-        out = inv.copy()
-        for i, f in enumerate(inv):
-            wavelen = 2.0 * math.pi / f
-            if wavelen > low_wavelen:
-                out[i] = f / rope.factor
-            elif not wavelen < high_wavelen:
-                smooth = (rope.original_context / wavelen - rope.low_freq_factor) / (
-                    rope.high_freq_factor - rope.low_freq_factor)
-                out[i] = (1.0 - smooth) * f / rope.factor + smooth * f
-        inv = out
-    return inv
 
 
 # ---------------------------------------------------------------------------------------------------
