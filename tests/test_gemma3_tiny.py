@@ -17,6 +17,7 @@ import pytest
 
 import gemma3gen as G
 import tinydet
+from contract import bits, check_native_gives_fp32_bits, check_threads_chunking_and_batch
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -47,10 +48,6 @@ def ref():
 def models(files):
     hf, ggufs = files
     return {"hf": tinydet.load(hf), "gguf": tinydet.load(ggufs[None])}
-
-
-def bits(a):
-    return np.ascontiguousarray(a, np.float32).view(np.uint32)
 
 
 def _logits(model, ids):
@@ -145,35 +142,15 @@ def test_greedy_32_tokens_match_transformers(models, ref):
 
 
 def test_threads_chunking_and_batch(files):
-    """Chunks of 1, 3, 5, 8 and 9 tokens (cache rows crossing the 8-position window's edge at every
-    offset), 1-3 threads, and batched generation: the same bits."""
+    """Chunks of 8 and 9 tokens too: cache rows crossing the 8-position window's edge at every offset."""
     model = tinydet.load(files[1][None], dtype="fp32")
-    ids = model.tokenize(TEXTS[2])
-    base = bits(model.logits(ids))
-    for threads, chunk in ((1, 1), (2, 5), (3, 3), (1, 8), (2, 9)):
-        model.threads = threads
-        cache = model.backend.new_cache(len(ids))
-        rows = [model.backend.forward(ids[i:i + chunk], cache, all_logits=True) for i in range(0, len(ids), chunk)]
-        assert np.array_equal(bits(np.concatenate(rows)), base), (threads, chunk)
-    model.threads = 2
-    reqs = [dict(prompt=t, max_tokens=12 + 3 * i, temperature=0.8 * (i % 2), seed=i) for i, t in enumerate(TEXTS)]
-    solo = [model.generate(**r) for r in reqs]
-    for step_tokens in (None, 4):
-        got = model.generate_batch(reqs, max_batch=3, step_tokens=step_tokens)
-        assert [(g.token_ids, g.logits_hash) for g in got] == [(s.token_ids, s.logits_hash) for s in solo]
+    check_threads_chunking_and_batch(model, model.tokenize(TEXTS[2]), TEXTS, extra=((1, 8), (2, 9)))
 
 
 @pytest.mark.parametrize("quant", ["q8_0", "q4_0"])
 def test_native_storage_gives_fp32_bits(files, quant):
-    path = files[1][quant]
-    fp32, native = tinydet.load(path, dtype="fp32"), tinydet.load(path, dtype="native")
-    assert native.backend.storage()["wqkv"] == quant.upper()
-    assert native.backend.storage()["output"] == quant.upper()  # tied: the embedding's blocks
-    for text in TEXTS[:3]:
-        ids = fp32.tokenize(text)
-        assert np.array_equal(bits(native.logits(ids)), bits(fp32.logits(ids)))
-    g, want = native.generate(TEXTS[0], max_tokens=20), fp32.generate(TEXTS[0], max_tokens=20)
-    assert (g.output_hash, g.logits_hash) == (want.output_hash, want.logits_hash)
+    """The tied output in native storage is the embedding's blocks."""
+    check_native_gives_fp32_bits(files[1][quant], quant, TEXTS[:3], kinds=("wqkv", "output"))
 
 
 def test_q8_0_matches_transformers_with_its_weights(files):

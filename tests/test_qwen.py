@@ -18,10 +18,10 @@ from click.testing import CliRunner
 
 import qwen2gen as Q
 import tinydet
+from contract import bits, check_native_gives_fp32_bits, check_threads_chunking_and_batch, check_trace_diff
 from tinydet.cli import main
 from tinydet.hashing import file_sha256
 from tinydet.tools.golden import check_golden, model_loader, read_golden
-from tinydet.tools.trace import diff_traces, run_trace, write_trace
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -53,10 +53,6 @@ def files(tmp_path_factory, arch):
 @pytest.fixture(scope="module")
 def hf_model(arch):
     return {tied: Q.hf_model(tied=tied, arch=arch).eval() for tied in (False, True)}
-
-
-def bits(a):
-    return np.ascontiguousarray(a, np.float32).view(np.uint32)
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -122,43 +118,17 @@ def test_biases_qk_norms_and_rope_scaling_matter(files, arch):
 
 def test_threads_chunking_and_batch(files):
     model = tinydet.load(files[False][1][None], dtype="fp32")
-    ids = model.tokenize(TEXTS[3])
-    base = bits(model.logits(ids))
-    for threads, chunk in ((1, 1), (2, 5), (3, 3)):
-        model.threads = threads
-        cache = model.backend.new_cache(len(ids))
-        rows = [model.backend.forward(ids[i:i + chunk], cache, all_logits=True) for i in range(0, len(ids), chunk)]
-        assert np.array_equal(bits(np.concatenate(rows)), base), (threads, chunk)
-    reqs = [dict(prompt=t, max_tokens=12 + 3 * i, temperature=0.8 * (i % 2), seed=i) for i, t in enumerate(TEXTS)]
-    solo = [model.generate(**r) for r in reqs]
-    for step_tokens in (None, 4):
-        got = model.generate_batch(reqs, max_batch=3, step_tokens=step_tokens)
-        assert [(g.token_ids, g.logits_hash) for g in got] == [(s.token_ids, s.logits_hash) for s in solo]
+    check_threads_chunking_and_batch(model, model.tokenize(TEXTS[3]), TEXTS)
 
 
 @pytest.mark.parametrize("quant", ["q8_0", "q4_0"])
 def test_native_storage_gives_fp32_bits(files, quant):
-    path = files[True][1][quant]
-    fp32, native = tinydet.load(path, dtype="fp32"), tinydet.load(path, dtype="native")
-    assert native.backend.storage()["wqkv"] == quant.upper()
-    for text in TEXTS[:3]:
-        ids = fp32.tokenize(text)
-        assert np.array_equal(bits(native.logits(ids)), bits(fp32.logits(ids)))
-    g, want = native.generate(TEXTS[0], max_tokens=20), fp32.generate(TEXTS[0], max_tokens=20)
-    assert (g.output_hash, g.logits_hash) == (want.output_hash, want.logits_hash)
+    check_native_gives_fp32_bits(files[True][1][quant], quant, TEXTS[:3])
 
 
 def test_trace_diff(files, tmp_path):
     model = tinydet.load(files[False][1][None])
-    ids = model.tokenize(TEXTS[1])
-    paths = []
-    for threads, chunk in ((1, None), (3, 4)):
-        model.threads = threads
-        p = tmp_path / f"t{threads}.jsonl"
-        write_trace(p, model, ids, run_trace(model, ids, chunk), {"chunk": chunk})
-        paths.append(p)
-    d = diff_traces(*paths)
-    assert d["identical"] and d["n_compared"] > 0
+    check_trace_diff(model, model.tokenize(TEXTS[1]), tmp_path)
 
 
 def test_convert_back_to_hf_directory(files, tmp_path, hf_model, arch):

@@ -24,10 +24,10 @@ from click.testing import CliRunner
 
 import spmgen as S
 import tinydet
+from contract import bits, check_native_gives_fp32_bits, check_threads_chunking_and_batch, check_trace_diff
 from tinydet.cli import main
 from tinydet.hashing import file_sha256
 from tinydet.tools.golden import check_golden, model_loader, read_golden
-from tinydet.tools.trace import diff_traces, run_trace, write_trace
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -71,10 +71,6 @@ def hf_model(arch):
 def models(files):
     """The untied model from the HF directory and from the F32 GGUF."""
     return {"hf": tinydet.load(files[False][0]), "gguf": tinydet.load(files[False][1][None])}
-
-
-def bits(a):
-    return np.ascontiguousarray(a, np.float32).view(np.uint32)
 
 
 def _logits(model, ids):
@@ -229,37 +225,18 @@ def test_layout_fixups_matter(files, arch):
 
 
 def test_threads_chunking_and_batch(files, arch):
-    """Chunks of 1, 3, 5, 7, 8 and 9 tokens (for Phi-3, cache rows crossing its 7-position window's edge
-    at every offset), 1-3 threads, and batched generation: the same bits."""
+    """Chunks of 7, 8 and 9 tokens too: for Phi-3, cache rows crossing its 7-position window's edge at
+    every offset."""
     model = tinydet.load(files[False][1][None], dtype="fp32")
     ids = model.tokenize(TEXTS[4])
     assert len(ids) > 2 * S.PHI3_SLIDING_WINDOW
-    base = bits(model.logits(ids))
-    for threads, chunk in ((1, 1), (2, 5), (3, 3), (1, 7), (2, 8), (1, 9)):
-        model.threads = threads
-        cache = model.backend.new_cache(len(ids))
-        rows = [model.backend.forward(ids[i:i + chunk], cache, all_logits=True) for i in range(0, len(ids), chunk)]
-        assert np.array_equal(bits(np.concatenate(rows)), base), (threads, chunk)
-    model.threads = 2
-    reqs = [dict(prompt=t, max_tokens=12 + 3 * i, temperature=0.8 * (i % 2), seed=i) for i, t in enumerate(TEXTS)]
-    solo = [model.generate(**r) for r in reqs]
-    for step_tokens in (None, 4):
-        got = model.generate_batch(reqs, max_batch=3, step_tokens=step_tokens)
-        assert [(g.token_ids, g.logits_hash) for g in got] == [(s.token_ids, s.logits_hash) for s in solo]
+    check_threads_chunking_and_batch(model, ids, TEXTS, extra=((1, 7), (2, 8), (1, 9)))
 
 
 @pytest.mark.parametrize("quant", ["q8_0", "q4_0"])
 def test_native_storage_gives_fp32_bits(files, quant):
     """Native storage keeps the blocks as stored: for Phi-3, row slices of the fused matrices' blocks."""
-    path = files[True][1][quant]
-    fp32, native = tinydet.load(path, dtype="fp32"), tinydet.load(path, dtype="native")
-    storage = native.backend.storage()
-    assert storage["wqkv"] == storage["w13"] == storage["output"] == quant.upper()
-    for text in TEXTS[:4]:
-        ids = fp32.tokenize(text)
-        assert np.array_equal(bits(native.logits(ids)), bits(fp32.logits(ids)))
-    g, want = native.generate(TEXTS[0], max_tokens=20), fp32.generate(TEXTS[0], max_tokens=20)
-    assert (g.output_hash, g.logits_hash) == (want.output_hash, want.logits_hash)
+    check_native_gives_fp32_bits(files[True][1][quant], quant, TEXTS[:4], kinds=("wqkv", "w13", "output"))
 
 
 def test_q8_0_matches_transformers_with_its_weights(files, arch):
@@ -273,15 +250,7 @@ def test_q8_0_matches_transformers_with_its_weights(files, arch):
 
 def test_trace_diff(files, tmp_path):
     model = tinydet.load(files[False][1][None])
-    ids = model.tokenize(TEXTS[1])
-    paths = []
-    for threads, chunk in ((1, None), (3, 4)):
-        model.threads = threads
-        p = tmp_path / f"t{threads}.jsonl"
-        write_trace(p, model, ids, run_trace(model, ids, chunk), {"chunk": chunk})
-        paths.append(p)
-    d = diff_traces(*paths)
-    assert d["identical"] and d["n_compared"] > 0
+    check_trace_diff(model, model.tokenize(TEXTS[1]), tmp_path)
 
 
 def test_convert_back_to_hf_directory(files, tmp_path, hf_model, arch):
