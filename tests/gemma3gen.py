@@ -515,6 +515,16 @@ def gguf_tensor_order() -> list[str]:
     return sorted(state_dict())
 
 
+def add_overrides(w, overrides: dict) -> None:
+    """Write and remove the keys of `overrides` that are not tokenizer keys (a test's broken files):
+    ints as uint32, floats as float32, strings as strings."""
+    for key in [k for k in overrides if not k.startswith("tokenizer.")]:
+        v = overrides.pop(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+            raise TypeError(f"{key}: an int, float or str override, found {v!r}")
+        (w.add_uint32 if isinstance(v, int) else w.add_float32 if isinstance(v, float) else w.add_string)(key, v)
+
+
 def write_gguf(path: Path, quant: str | None = None, seed: int = 0, name: str | None = None,
                overrides: dict | None = None, drop: tuple[str, ...] = ()) -> Path:
     """The same model as a llama.cpp-style gemma3 GGUF. quant: None/"f32" (all F32), or one of "f16",
@@ -561,11 +571,7 @@ def write_gguf(path: Path, quant: str | None = None, seed: int = 0, name: str | 
     kv(f"{a}.attention.value_length", w.add_value_length, HEAD_DIM)
     w.add_file_type(LlamaFileType[ftname])
     kv(f"{a}.attention.sliding_window", w.add_sliding_window, SLIDING_WINDOW)
-    for key in [k for k in overrides if not k.startswith("tokenizer.")]:
-        v = overrides.pop(key)
-        if isinstance(v, bool) or not isinstance(v, (int, float, str)):
-            raise TypeError(f"{key}: an int, float or str override, found {v!r}")
-        (w.add_uint32 if isinstance(v, int) else w.add_float32 if isinstance(v, float) else w.add_string)(key, v)
+    add_overrides(w, overrides)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")

@@ -683,11 +683,7 @@ def write_gguf(path: Path, arch: str = "mistral", quant: str | None = None, tied
         kv("rope.freq_base", w.add_rope_freq_base, ROPE_THETA[arch])
         w.add_file_type(LlamaFileType[ftname])
         kv("attention.sliding_window", w.add_sliding_window, PHI3_SLIDING_WINDOW)
-    for key in [k for k in overrides if not k.startswith("tokenizer.")]:
-        v = overrides.pop(key)
-        if isinstance(v, bool) or not isinstance(v, (int, float, str)):
-            raise TypeError(f"{key}: an int, float or str override, found {v!r}")
-        (w.add_uint32 if isinstance(v, int) else w.add_float32 if isinstance(v, float) else w.add_string)(key, v)
+    _G.add_overrides(w, overrides)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
