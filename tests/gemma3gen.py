@@ -47,6 +47,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ggufwrite import QUANTS, add_tensor, stored_values
+from ggufwrite import gguf_name as _gguf_name
+
 GENERATOR_VERSION = 1  # bump when any written byte changes (for callers that cache the files)
 
 # ---------------------------------------------------------------------------------------------------
@@ -488,25 +491,8 @@ _GGUF_NAMES = {
     "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
 }
 
-# quant name -> (GGMLQuantizationType name, LlamaFileType name)
-QUANTS = {
-    None: ("F32", "ALL_F32"),
-    "f32": ("F32", "ALL_F32"),
-    "f16": ("F16", "MOSTLY_F16"),
-    "bf16": ("BF16", "MOSTLY_BF16"),
-    "q8_0": ("Q8_0", "MOSTLY_Q8_0"),
-    "q4_0": ("Q4_0", "MOSTLY_Q4_0"),
-    "q4_1": ("Q4_1", "MOSTLY_Q4_1"),
-    "q5_0": ("Q5_0", "MOSTLY_Q5_0"),
-    "q5_1": ("Q5_1", "MOSTLY_Q5_1"),
-}
-
-
 def gguf_name(hf_name: str) -> str:
-    if hf_name in _GGUF_NAMES:
-        return _GGUF_NAMES[hf_name]
-    parts = hf_name.split(".")  # model.layers.N.rest
-    return f"blk.{parts[2]}." + _GGUF_NAMES[".".join(parts[3:])]
+    return _gguf_name(hf_name, _GGUF_NAMES)
 
 
 def gguf_tensor_order() -> list[str]:
@@ -536,10 +522,9 @@ def write_gguf(path: Path, quant: str | None = None, seed: int = 0, name: str | 
     hyperparameters: int -> uint32, float -> float32, str -> string); `drop` names tensors left out.
     Returns path."""
     import gguf
-    from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType, quants
+    from gguf import GGUFWriter, LlamaFileType
 
-    qname, ftname = QUANTS[quant]
-    qtype = GGMLQuantizationType[qname]
+    ftname = QUANTS[quant][1]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     sd = state_dict(seed)
@@ -599,12 +584,7 @@ def write_gguf(path: Path, quant: str | None = None, seed: int = 0, name: str | 
         arr = sd[hf_name]
         if is_norm(hf_name):
             arr = gguf_norm(arr)
-        if arr.ndim == 1 or qtype == GGMLQuantizationType.F32:
-            w.add_tensor(gname, arr)
-        elif qtype == GGMLQuantizationType.F16:
-            w.add_tensor(gname, arr.astype(np.float16))
-        else:
-            w.add_tensor(gname, quants.quantize(arr, qtype), raw_dtype=qtype)
+        add_tensor(w, gname, arr, quant)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -616,18 +596,7 @@ def dequantized_state_dict(quant: str | None = None, seed: int = 0) -> dict[str,
     """state_dict() with each matrix round-tripped through what write_gguf stores for it (the float
     weights the quantized GGUF holds; the norms as HF's w), for comparing quantized files against a
     float reference."""
-    from gguf import GGMLQuantizationType, quants
-
-    qtype = GGMLQuantizationType[QUANTS[quant][0]]
-    out = {}
-    for k, v in state_dict(seed).items():
-        if v.ndim == 1 or qtype == GGMLQuantizationType.F32:
-            out[k] = v
-        elif qtype == GGMLQuantizationType.F16:
-            out[k] = v.astype(np.float16).astype(np.float32)
-        else:
-            out[k] = quants.dequantize(quants.quantize(v, qtype), qtype).astype(np.float32)
-    return out
+    return {k: stored_values(v, quant) for k, v in state_dict(seed).items()}
 
 
 def make_tiny_gemma3(out_dir: Path, quant: str | None = None, seed: int = 0) -> tuple[Path, Path]:

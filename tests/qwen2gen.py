@@ -46,6 +46,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ggufwrite import QUANTS, add_tensor, stored_values
+from ggufwrite import gguf_name as _gguf_name
+
 GENERATOR_VERSION = 1  # bump when any written byte changes (for callers that cache the files)
 
 # ---------------------------------------------------------------------------------------------------
@@ -625,25 +628,8 @@ _GGUF_NAMES = {
     "mlp.down_proj.weight": "ffn_down.weight",
 }
 
-# quant name -> (GGMLQuantizationType name, LlamaFileType name)
-QUANTS = {
-    None: ("F32", "ALL_F32"),
-    "f32": ("F32", "ALL_F32"),
-    "f16": ("F16", "MOSTLY_F16"),
-    "bf16": ("BF16", "MOSTLY_BF16"),
-    "q8_0": ("Q8_0", "MOSTLY_Q8_0"),
-    "q4_0": ("Q4_0", "MOSTLY_Q4_0"),
-    "q4_1": ("Q4_1", "MOSTLY_Q4_1"),
-    "q5_0": ("Q5_0", "MOSTLY_Q5_0"),
-    "q5_1": ("Q5_1", "MOSTLY_Q5_1"),
-}
-
-
 def gguf_name(hf_name: str) -> str:
-    if hf_name in _GGUF_NAMES:
-        return _GGUF_NAMES[hf_name]
-    parts = hf_name.split(".")  # model.layers.N.rest
-    return f"blk.{parts[2]}." + _GGUF_NAMES[".".join(parts[3:])]
+    return _gguf_name(hf_name, _GGUF_NAMES)
 
 
 def gguf_tensor_order(tied: bool = False, arch: str = "qwen2") -> list[str]:
@@ -683,10 +669,9 @@ def write_gguf(path: Path, quant: str | None = None, tied: bool = False, seed: i
     included, as the converter's --outtype does); 1-D tensors (norms, biases) stay F32. name: general.name,
     by default what the converter derives from make_tiny_qwen2's directory name. Returns path."""
     import gguf
-    from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType, quants
+    from gguf import GGUFWriter, LlamaFileType
 
-    qname, ftname = QUANTS[quant]
-    qtype = GGMLQuantizationType[qname]
+    ftname = QUANTS[quant][1]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     sd = state_dict(tied, seed, arch)
@@ -743,12 +728,7 @@ def write_gguf(path: Path, quant: str | None = None, tied: bool = False, seed: i
         gname = gguf_name(hf_name)
         if llama and hf_name.endswith(("q_proj.weight", "k_proj.weight")):  # LlamaModel.modify_tensors
             arr = llama_permute(arr, HEADS if "q_proj" in hf_name else KV_HEADS)
-        if arr.ndim == 1 or gname.endswith("_norm.weight") or qtype == GGMLQuantizationType.F32:
-            w.add_tensor(gname, arr)
-        elif qtype == GGMLQuantizationType.F16:
-            w.add_tensor(gname, arr.astype(np.float16))
-        else:
-            w.add_tensor(gname, quants.quantize(arr, qtype), raw_dtype=qtype)
+        add_tensor(w, gname, arr, quant)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -760,18 +740,7 @@ def dequantized_state_dict(quant: str | None = None, tied: bool = False, seed: i
                            arch: str = "qwen2") -> dict[str, np.ndarray]:
     """state_dict() with each tensor round-tripped through what write_gguf stores for it (the float
     weights the quantized GGUF holds), for comparing quantized files against a float reference."""
-    from gguf import GGMLQuantizationType, quants
-
-    qtype = GGMLQuantizationType[QUANTS[quant][0]]
-    out = {}
-    for k, v in state_dict(tied, seed, arch).items():
-        if v.ndim == 1 or qtype == GGMLQuantizationType.F32:
-            out[k] = v
-        elif qtype == GGMLQuantizationType.F16:
-            out[k] = v.astype(np.float16).astype(np.float32)
-        else:
-            out[k] = quants.dequantize(quants.quantize(v, qtype), qtype).astype(np.float32)
-    return out
+    return {k: stored_values(v, quant) for k, v in state_dict(tied, seed, arch).items()}
 
 
 def make_tiny_qwen2(out_dir: Path, quant: str | None = None, tied: bool = False,

@@ -73,7 +73,9 @@ from pathlib import Path
 import numpy as np
 
 import gemma3gen as _G  # the SentencePiece-style piece trainer, generate_merges, token types
-from qwen2gen import QUANTS, llama_permute  # quant names -> GGML types; the converter's Q/K row order
+from ggufwrite import QUANTS, add_tensor, stored_values
+from ggufwrite import gguf_name as _gguf_name
+from qwen2gen import llama_permute  # the converter's Q/K row order
 
 GENERATOR_VERSION = 1  # bump when any written byte changes (for callers that cache the files)
 
@@ -592,10 +594,7 @@ GGUF_ARCH = {"mistral": "llama", "phi3": "phi3"}  # general.architecture
 
 
 def gguf_name(hf_name: str) -> str:
-    if hf_name in _GGUF_NAMES:
-        return _GGUF_NAMES[hf_name]
-    parts = hf_name.split(".")  # model.layers.N.rest
-    return f"blk.{parts[2]}." + _GGUF_NAMES[".".join(parts[3:])]
+    return _gguf_name(hf_name, _GGUF_NAMES)
 
 
 def gguf_tensor_order(arch: str = "mistral", tied: bool = False, head_dim: int | None = None) -> list[str]:
@@ -633,10 +632,9 @@ def write_gguf(path: Path, arch: str = "mistral", quant: str | None = None, tied
     array) are written first, as the converter writes generate_extra_tensors' (Phi-3 128k's
     rope_factors_long / rope_factors_short). Returns path."""
     import gguf
-    from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType, quants
+    from gguf import GGUFWriter, LlamaFileType
 
-    qname, ftname = QUANTS[quant]
-    qtype = GGMLQuantizationType[qname]
+    ftname = QUANTS[quant][1]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = gguf_tensors(arch, tied, seed, head_dim)
@@ -714,12 +712,7 @@ def write_gguf(path: Path, arch: str = "mistral", quant: str | None = None, tied
 
     for gname, arr in list((extra_tensors or {}).items()) + tensors:
         arr = np.asarray(arr, np.float32)
-        if arr.ndim == 1 or qtype == GGMLQuantizationType.F32:
-            w.add_tensor(gname, arr)
-        elif qtype == GGMLQuantizationType.F16:
-            w.add_tensor(gname, arr.astype(np.float16))
-        else:
-            w.add_tensor(gname, quants.quantize(arr, qtype), raw_dtype=qtype)
+        add_tensor(w, gname, arr, quant)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -732,18 +725,7 @@ def dequantized_state_dict(arch: str = "mistral", quant: str | None = None, tied
     """state_dict() with each matrix round-tripped through what write_gguf stores for it (the float
     weights the quantized GGUF holds), for comparing quantized files against a float reference. (Blocks
     run along rows, so Mistral's permuted rows and Phi-3's fused ones quantize as these do.)"""
-    from gguf import GGMLQuantizationType, quants
-
-    qtype = GGMLQuantizationType[QUANTS[quant][0]]
-    out = {}
-    for k, v in state_dict(arch, tied, seed, head_dim).items():
-        if v.ndim == 1 or qtype == GGMLQuantizationType.F32:
-            out[k] = v
-        elif qtype == GGMLQuantizationType.F16:
-            out[k] = v.astype(np.float16).astype(np.float32)
-        else:
-            out[k] = quants.dequantize(quants.quantize(v, qtype), qtype).astype(np.float32)
-    return out
+    return {k: stored_values(v, quant) for k, v in state_dict(arch, tied, seed, head_dim).items()}
 
 
 def make_tiny(out_dir: Path, arch: str = "mistral", quant: str | None = None, tied: bool = False,
