@@ -196,8 +196,6 @@ def _hf_out(cfg) -> dict:
     out = {"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": scalar,
            "sliding_window": windows[0] if windows else None, "layer_types": types,
            "rope_local_base_freq": local.base,
-           "rope_scaling": None if cfg.rope.scaling == "none" else {"rope_type": cfg.rope.scaling,
-                                                                   "factor": cfg.rope.factor},
            "final_logit_softcapping": cfg.logit_softcap, "attn_logit_softcapping": None,
            "attention_bias": False, "attention_dropout": 0.0, "use_bidirectional_attention": False}
     if types == ["full_attention" if (i + 1) % PATTERN == 0 else "sliding_attention" for i in range(n)]:
