@@ -47,8 +47,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ggufwrite import QUANTS, add_tensor, stored_values
-from ggufwrite import gguf_name as _gguf_name
+from tinygen import QUANTS, add_tensor, stored_values
+from tinygen import gguf_name as _gguf_name
+from tinygen import write_json as _write_json
 
 GENERATOR_VERSION = 1  # bump when any written byte changes (for callers that cache the files)
 
@@ -421,10 +422,6 @@ def gguf_norm(w: np.ndarray) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------------
 # Writers
-
-def _write_json(path: Path, obj) -> None:
-    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8", newline="\n")
-
 
 def hf_config(attn: str = "eager"):
     """transformers' Gemma3TextConfig of config_json() (attention implementation `attn`)."""

@@ -46,8 +46,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ggufwrite import QUANTS, add_tensor, stored_values
-from ggufwrite import gguf_name as _gguf_name
+from tinygen import QUANTS, add_tensor, stored_values
+from tinygen import gguf_name as _gguf_name
+from tinygen import write_json as _write_json
 
 GENERATOR_VERSION = 1  # bump when any written byte changes (for callers that cache the files)
 
@@ -554,10 +555,6 @@ def llama3_rope_freqs(base: float = LLAMA3_ROPE_THETA, dim: int = HEAD_DIM, p: d
 
 # ---------------------------------------------------------------------------------------------------
 # Writers
-
-def _write_json(path: Path, obj) -> None:
-    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8", newline="\n")
-
 
 def write_tokenizer_files(hf_dir: Path, arch: str = "qwen2") -> None:
     """tokenizer.json, tokenizer_config.json, and for Qwen vocab.json and merges.txt (Llama 3's repos

@@ -73,8 +73,9 @@ from pathlib import Path
 import numpy as np
 
 import gemma3gen as _G  # the SentencePiece-style piece trainer, generate_merges, token types
-from ggufwrite import QUANTS, add_tensor, stored_values
-from ggufwrite import gguf_name as _gguf_name
+from tinygen import QUANTS, add_tensor, stored_values
+from tinygen import gguf_name as _gguf_name
+from tinygen import write_json as _write_json
 from qwen2gen import llama_permute  # the converter's Q/K row order
 
 GENERATOR_VERSION = 1  # bump when any written byte changes (for callers that cache the files)
@@ -513,10 +514,6 @@ def state_dict(arch: str = "mistral", tied: bool = False, seed: int = 0,
 
 # ---------------------------------------------------------------------------------------------------
 # Writers
-
-def _write_json(path: Path, obj) -> None:
-    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8", newline="\n")
-
 
 def hf_config(arch: str = "mistral", tied: bool = False, head_dim: int | None = None, attn: str = "eager"):
     """transformers' MistralConfig / Phi3Config of config_json() (attention implementation `attn`)."""

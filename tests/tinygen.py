@@ -1,11 +1,20 @@
-"""What the tiny-checkpoint generators (qwen2gen.py, gemma3gen.py, spmgen.py) share in writing a GGUF as
-llama.cpp's converter does: the quant names of its --outtype, HF -> GGUF tensor names through a map of
-per-layer suffixes, and a tensor stored in a quant type (1-D tensors stay F32) with the float values a
-reader gets back from it."""
+"""What the tiny-checkpoint generators (qwen2gen.py, gemma3gen.py, spmgen.py) share: JSON files written
+byte-stably, and writing a GGUF as llama.cpp's converter does (the quant names of its --outtype, HF ->
+GGUF tensor names through a map of per-layer suffixes, a tensor stored in a quant type (1-D tensors
+stay F32) and the float values a reader gets back from it)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
+
+
+def write_json(path: Path, obj) -> None:
+    """JSON as the generators write every file: indented, UTF-8, LF line ends, a final newline."""
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8", newline="\n")
+
 
 # quant name -> (GGMLQuantizationType name, LlamaFileType name)
 QUANTS = {
