@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import os
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import tinydet
-from tinydet.tools.convert import convert_gguf_to_hf
+from tinydet.tools.convert import OUTPUT_FILES, convert_gguf_to_hf
 from tinydet.errors import TinydetError
 from tinydet.backends.cpu import simd as cpu
 
@@ -279,12 +280,13 @@ def _leftovers(parent, name):
 def test_refuses_to_overwrite(tmp_path, stories_path):
     out = tmp_path / "out"
     out.mkdir()
-    (out / "keep.txt").write_text("mine")
+    (out / "config.json").write_text("an older conversion's")
     with pytest.raises(TinydetError, match="not empty"):
         convert_gguf_to_hf(stories_path, out)
-    assert sorted(os.listdir(out)) == ["keep.txt"]
+    assert (out / "config.json").read_text() == "an older conversion's"
     assert convert_gguf_to_hf(stories_path, out, overwrite=True) == out
-    assert "keep.txt" not in os.listdir(out) and (out / "model.safetensors").is_file()
+    assert sorted(os.listdir(out)) == sorted(OUTPUT_FILES) and (out / "model.safetensors").is_file()
+    assert json.loads((out / "config.json").read_text())["model_type"] == "llama"
     assert _leftovers(tmp_path, "out") == []
     (tmp_path / "empty").mkdir()
     convert_gguf_to_hf(stories_path, tmp_path / "empty")  # an empty directory is fine
@@ -303,7 +305,7 @@ def test_failure_leaves_nothing(tmp_path, stories_path, monkeypatch, fail_at, ex
     out = tmp_path / "out"
     if existing:
         out.mkdir()
-        (out / "keep.txt").write_text("mine")
+        (out / "config.json").write_text("mine")
 
     class Boom(RuntimeError):
         pass
@@ -332,7 +334,55 @@ def test_failure_leaves_nothing(tmp_path, stories_path, monkeypatch, fail_at, ex
     with pytest.raises(Boom):
         conv.convert_gguf_to_hf(stories_path, out, overwrite=existing)
     if existing:
-        assert sorted(os.listdir(out)) == ["keep.txt"]
+        assert sorted(os.listdir(out)) == ["config.json"] and (out / "config.json").read_text() == "mine"
     else:
         assert not out.exists()
     assert _leftovers(tmp_path, "out") == []
+
+
+@pytest.mark.parametrize("extra", ["keep.txt", ".git", "model.gguf", "sub/config.json"])
+def test_overwrite_replaces_only_a_conversion(tmp_path, stories_path, extra):
+    """--overwrite never deletes what a conversion did not write: a checkout, the user's files, a GGUF."""
+    out = tmp_path / "out"
+    (out / extra).parent.mkdir(parents=True, exist_ok=True)
+    (out / extra).write_text("mine")
+    (out / "config.json").write_text("an older conversion's")
+    with pytest.raises(TinydetError, match=r"which a conversion does not write") as e:
+        convert_gguf_to_hf(stories_path, out, overwrite=True)
+    assert str(out) in str(e.value) and "\n" not in str(e.value)
+    assert (out / extra).read_text() == "mine" and (out / "config.json").read_text() == "an older conversion's"
+    assert _leftovers(tmp_path, "out") == []
+
+
+def test_never_the_working_directory_or_the_source(tmp_path, stories_path, monkeypatch):
+    """An empty output path, ".", the working directory or a parent of it, or a directory holding the
+    source are refused, with or without overwrite (an empty path once replaced a whole checkout)."""
+    work = tmp_path / "work" / "here"
+    work.mkdir(parents=True)
+    (work / "config.json").write_text("mine")
+    monkeypatch.chdir(work)
+    for target in ["", ".", str(work), "..", str(tmp_path), "../here"]:
+        for overwrite in (False, True):
+            with pytest.raises(TinydetError, match="empty path|current directory") as e:
+                convert_gguf_to_hf(stories_path, target, overwrite=overwrite)
+            assert "\n" not in str(e.value)
+    assert (work / "config.json").read_text() == "mine" and sorted(os.listdir(work)) == ["config.json"]
+    src_dir = tmp_path / "models"
+    src_dir.mkdir()
+    src = src_dir / "model.safetensors"  # a GGUF under a name a conversion writes
+    src.write_bytes(Path(stories_path).read_bytes())
+    with pytest.raises(TinydetError, match="holds the source"):
+        convert_gguf_to_hf(src, src_dir, overwrite=True)
+    assert src.read_bytes() == Path(stories_path).read_bytes()
+
+
+def test_cli_convert_into_an_empty_path_is_refused(tmp_path, stories_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from tinydet.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "keep.txt").write_text("mine")
+    r = CliRunner().invoke(main, ["convert", str(stories_path), "", "--overwrite"])
+    assert r.exit_code != 0 and "empty path" in r.output and "Traceback" not in r.output
+    assert sorted(os.listdir(tmp_path)) == ["keep.txt"]

@@ -20,7 +20,7 @@ multiples of ulp(s) <= 1, so s - 1 is exact, and 1 + (s - 1) = s), so the direct
 bits; a value below 0.5 may come back changed (s - 1 rounds: s = 2**-30 becomes w = -1, then 0).
 
 Files are written into a temporary sibling directory that is renamed into place at the end: a failed
-conversion leaves nothing behind.
+or interrupted conversion (a full disk included, reported as one TinydetError line) leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -55,13 +55,30 @@ def _write_safetensors(path: Path, tensors: dict[str, np.ndarray], metadata: dic
     save_file(tensors, str(path), metadata=metadata)
 
 
+# What a conversion writes: the only entries a directory may hold for `overwrite` to replace it.
+OUTPUT_FILES = frozenset({SAFETENSORS_FILE, TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, GENERATION_CONFIG_FILE,
+                          CONFIG_FILE})
+
+
 def _check_out_dir(out: Path, overwrite: bool) -> None:
+    """Refuse an output directory whose replacement could lose anything: the working directory or
+    one holding it, a non-empty one without `overwrite`, and, even with it, one that holds anything
+    but a conversion's own files (say a checkout and its .git, or the GGUF being converted)."""
+    real, cwd = out.resolve(), Path.cwd().resolve()
+    if real == cwd or real in cwd.parents:
+        raise TinydetError(f"{out}: is the current directory or contains it; name a new directory for the output")
     if out.exists() or out.is_symlink():
         if not out.is_dir():
             raise TinydetError(f"{out}: exists and is not a directory")
-        if any(out.iterdir()) and not overwrite:
+        entries = sorted(p.name for p in out.iterdir())
+        if entries and not overwrite:
             raise TinydetError(f"{out}: directory exists and is not empty (overwrite=True, or "
-                               "`tinydet convert --overwrite`, replaces it)")
+                               "`tinydet convert --overwrite`, replaces a directory a conversion wrote)")
+        other = [e for e in entries if e not in OUTPUT_FILES or not (out / e).is_file()]
+        if other:
+            listed = ", ".join(other[:5]) + (f" and {len(other) - 5} more" if len(other) > 5 else "")
+            raise TinydetError(f"{out}: holds {listed}, which a conversion does not write; overwrite replaces "
+                               "only a directory a conversion wrote (remove them, or name another directory)")
 
 
 def _hf_rope_scaling(rope, src: Path) -> dict | None:
@@ -82,11 +99,17 @@ def convert_gguf_to_hf(gguf_path, out_dir, dtype: str = "fp32", overwrite: bool 
     """Convert a GGUF model to a Hugging Face directory at `out_dir`; returns its path.
 
     `dtype` is "fp32" or "fp16" (matrices as binary16, norms float32). A non-empty `out_dir` is
-    refused unless `overwrite`. `progress(done, total, name)` reports the tensors as they are read."""
+    refused unless `overwrite`, which replaces only a directory holding nothing but a conversion's
+    files; the working directory, or one holding it or the source, never. `progress(done, total,
+    name)` reports the tensors as they are read."""
     if dtype not in CONVERT_DTYPES:
         raise TinydetError(f"dtype: expected one of {', '.join(CONVERT_DTYPES)}, found {dtype!r}")
     src = Path(gguf_path)
-    out = Path(os.path.abspath(out_dir))  # "." or "x/.." need a real name for the sibling temp directory
+    if not str(out_dir).strip():
+        raise TinydetError("output directory: empty path (name a directory for the Hugging Face files)")
+    out = Path(os.path.abspath(out_dir))  # "x/.." needs a real name for the sibling temp directory
+    if out.resolve() in src.resolve().parents:
+        raise TinydetError(f"{out}: holds the source {src}; name another directory for the output")
     _check_out_dir(out, overwrite)
 
     ck = open_gguf(src, progress)  # canonical names, HF's Q/K layout
@@ -177,10 +200,25 @@ def convert_gguf_to_hf(gguf_path, out_dir, dtype: str = "fp32", overwrite: bool 
             os.chmod(f, 0o666 & ~mask)
         os.chmod(tmp, 0o777 & ~mask)
         _move_into_place(tmp, out, overwrite)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        why = _write_failure(e)
+        if why is not None:  # a full disk, a read-only or vanished folder: one line, not a traceback
+            raise TinydetError(f"{out}: write: {why}; nothing was left behind") from None
         raise
     return out
+
+
+def _write_failure(e: BaseException) -> str | None:
+    """The OS's reason when `e` is a failure to write (safetensors reports its I/O errors as a
+    SafetensorError, "Error while serializing: I/O error: <reason> (os error N)"), else None."""
+    from safetensors import SafetensorError
+
+    if isinstance(e, OSError):
+        return e.strerror or str(e)
+    if isinstance(e, SafetensorError) and "I/O error" in str(e):
+        return str(e).split("I/O error: ", 1)[-1]
+    return None
 
 
 def _umask() -> int:
