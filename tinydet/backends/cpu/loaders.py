@@ -8,7 +8,8 @@ says how, type by type), so every storage type computes the bits of the float32 
 A storage type provides, to the shared drivers:
   units(W)            decode units of 32 outputs (a float panel is two, a quantized panel one)
   groups(W)           prefill groups of 64 outputs (a float panel, or a pair of quantized panels)
-  gemv_units(...)     token 0 times units u0 .. u1 (decode; the thread's share)
+  gemv_units(...)     token 0 times units u0 .. u1 (decode; the thread's share), or every token where
+                      few_rows(W, T) (a batch of a few decoding sequences on fp16 panels)
   prefill_group(...)  tokens ta .. tb times group g (prefill: quantized panels are dequantized, and
                       fp16 panels widened, once into a float32 buffer, then tiled like float panels)
   tiling(W)           (tokens per tile, tiles per job) for prefill: only the split of work
@@ -24,7 +25,11 @@ from numba.extending import overload
 from .layout import QBLOCK, QPanels, as_storage
 from .qblocks import q_dequantize_pair, q_element, q_unit
 from .simd import HALF, LANES, v_load, v_store, widen
-from .tiles import dot1, dot1_half, put, tiles4, tiles6
+from .tiles import dot1, dot1_half, put, rows_half, tiles4, tiles6
+
+# fp16 panels: from this many tokens on, widened once per group into a float32 buffer (`prefill_group`);
+# fewer are read directly by `gemv_units` (`few_rows`).
+HALF_WIDEN = 16
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -76,6 +81,19 @@ def _tiling(w):
     return lambda w: (4, 8)
 
 
+def few_rows(w, T):
+    raise NotImplementedError("few_rows is for jitted code")
+
+
+@overload(few_rows)
+def _few_rows(w, T):
+    # fp16 panels under HALF_WIDEN rows: the decode split over 32-output units, each unit's weights
+    # widened once for every row (`tiles.rows_half`), instead of once per 4-row tile.
+    if not isinstance(w, types.BaseTuple) and w.dtype == types.uint16:
+        return lambda w, T: T < HALF_WIDEN
+    return lambda w, T: False
+
+
 def _gemv_at(x, w, p0, n_out, out, u0, u1, c0):
     raise NotImplementedError("_gemv_at is for jitted code")
 
@@ -93,7 +111,12 @@ def _gemv_at_impl(x, w, p0, n_out, out, u0, u1, c0):
     def panels(x, w, p0, n_out, out, u0, u1, c0):
         # Two halves of one panel in the range run as one panel. Decode gives each thread an equal
         # run of units, so a panel count that does not split evenly is balanced by halving one panel.
+        # A few rows (`few_rows`) run half panels, 8 rows a pass.
         K = x.shape[1]
+        if x.shape[0] > 1:
+            for u in range(u0, u1):
+                rows_half(x, x.shape[0], w, (p0 + u // 2) * K * LANES + (u % 2) * HALF, c0 + u * HALF, n_out, out)
+            return
         u = u0
         while u < u1:
             p = u // 2
@@ -228,13 +251,10 @@ def _prefill_group(x, w, g, ta, tb, n_out, out):
         return quantized
     if w.dtype == types.uint16:
         # fp16 panels: for a prompt's many tokens, the group's panel is widened (exactly) once into a
-        # cache-resident float32 buffer instead of at every load of every tile; a batch of a few
-        # decoding sequences reads the panel directly (measured faster below 16 tokens).
+        # cache-resident float32 buffer instead of at every load of every tile (a batch of a few
+        # decoding sequences, under HALF_WIDEN tokens, takes gemv_units instead: `few_rows`).
         def half(x, w, g, ta, tb, n_out, out):
             K = x.shape[1]
-            if tb - ta < 16:
-                tiles4(x, ta, tb, w, g * K * LANES, g * LANES, n_out, out)
-                return
             wbuf = np.empty(K * LANES, np.float32)
             for k in range(K):
                 v_store(wbuf, k * LANES, v_load(w, (g * K + k) * LANES))

@@ -6,9 +6,10 @@ fp32 at ~0.83x its speed). Neither the token count, the tile, the thread count n
 enters any output's arithmetic, so prefill and decode give the same bits, and native storage gives
 fp32's bits (each weight is dequantized to exactly the float32 value fp32 stores).
 
-Work split (never a sum): one token (decode) gives each of the nth threads an equal run of 32-output
-units; more tokens give jobs of (a group of 64 outputs, a chunk of token tiles). After its outputs, a
-job applies the epilogue to them, in the same parallel region:
+Work split (never a sum): one token (decode), or a few on fp16 panels (a batch of decoding sequences,
+`loaders.few_rows`), gives each of the nth threads an equal run of 32-output units; more tokens give
+jobs of (a group of 64 outputs, a chunk of token tiles). After its outputs, a job applies the epilogue
+to them, in the same parallel region:
   MM_PLAIN     nothing more;
   MM_RESIDUAL  res += out (each output added by the thread that computed it);
   MM_GLU       out holds [gate | up] (n_out = 2 ffn_dim, ffn_dim % 64 == 0): act = f(gate) * up with
@@ -21,7 +22,7 @@ import numpy as np
 from numba import njit, prange
 
 from .layout import QPanels, as_storage
-from .loaders import gemv_units, groups, prefill_group, tiling, units
+from .loaders import few_rows, gemv_units, groups, prefill_group, tiling, units
 from .ops import glu_span
 from .simd import HALF, LANES
 
@@ -69,14 +70,14 @@ def mm(x, w, n_out, out, nth, mode, res, act, kind):
     loaders.py. `nth`, the thread count, only shapes the split of work. No checks (see `matmul`)."""
     T = x.shape[0]
     parts = 2 if mode == MM_GLU else 1
-    if T == 1:
+    if T == 1 or few_rows(w, T):
         U = units(w) // parts  # a GLU's unit u of the gate goes with unit U + u of the up part
         for th in prange(nth):
             u0 = th * U // nth
             u1 = (th + 1) * U // nth
             for part in range(parts):
                 gemv_units(x, w, n_out, out, u0 + part * U, u1 + part * U)
-            _epilogue(out, 0, 1, u0 * HALF, u1 * HALF, n_out, mode, res, act, kind)
+            _epilogue(out, 0, T, u0 * HALF, u1 * HALF, n_out, mode, res, act, kind)
     else:
         G = groups(w) // parts
         tile, chunk_tiles = tiling(w)

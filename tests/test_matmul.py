@@ -1,0 +1,92 @@
+"""The float panels' matrix product (backends/cpu/matmul.py, tiles.py): fp16 panels must give the bits
+of float32 panels holding the same (widened) values, and every row the bits it gets alone, along
+each of the paths a token count takes: one row (decode), a few rows read from the fp16 panel unit by
+unit (`loaders.few_rows`, 8 rows a pass and tails of 4 and 1), and many rows from a panel widened
+once. Odd panel counts, a partial last panel and K off the 64-long k-blocks are among the shapes;
+the residual and gated (GLU) epilogues ride on the same split of work."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+from tinydet.backends.cpu import layout, loaders
+from tinydet.backends.cpu.matmul import MM_GLU, matmul, mm
+from tinydet.backends.cpu.ops import GELU_TANH, glu_rows
+
+SHAPES = [(960, 576), (576, 200), (100, 70), (33, 64)]  # 15, 9 and 2 panels; partial panels; K % 64 != 0
+TOKENS = list(range(1, 20)) + [64]
+THREADS = [1, 2, 3]
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).view(np.uint32)
+
+
+def product(x: np.ndarray, panels: np.ndarray, n: int, res: np.ndarray | None = None) -> np.ndarray:
+    out = np.full((x.shape[0], n), np.nan, np.float32)
+    matmul(x, panels, n, out, res)
+    return out
+
+
+@pytest.fixture
+def restore_threads():
+    n = numba.get_num_threads()
+    yield
+    numba.set_num_threads(n)
+
+
+@numba.njit
+def _few(w, T):
+    return loaders.few_rows(w, T)
+
+
+def test_few_rows_is_the_fp16_decode_batch():
+    assert loaders.HALF_WIDEN == 16
+    assert [t for t in range(1, 40) if _few(np.zeros((1, 64, 64), np.uint16), t)] == list(range(1, 16))
+    assert not any(_few(np.zeros((1, 64, 64), np.float32), t) for t in range(1, 40))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_fp16_panels_equal_fp32_panels_and_each_row_alone(shape, restore_threads):
+    n, k = shape
+    rng = np.random.default_rng(n + k)
+    w16 = (rng.standard_normal((n, k)) * 0.5).astype(np.float16)
+    p16 = layout.pack_panels(w16.view(np.uint16))
+    p32 = layout.pack_panels(w16.astype(np.float32))
+    for T in TOKENS:
+        x = rng.standard_normal((T, k)).astype(np.float32)
+        for threads in THREADS:
+            numba.set_num_threads(threads)
+            got = product(x, p16, n)
+            assert np.isfinite(got).all()
+            assert np.array_equal(bits(got), bits(product(x, p32, n))), f"{shape} T={T} threads={threads}"
+            alone = np.concatenate([product(x[t:t + 1].copy(), p16, n) for t in range(T)])
+            assert np.array_equal(bits(got), bits(alone)), f"{shape} T={T} threads={threads}: rows differ alone"
+            res = rng.standard_normal((T, n)).astype(np.float32)
+            want = res + got
+            assert np.array_equal(bits(product(x, p16, n, res)), bits(got))
+            assert np.array_equal(bits(res), bits(want)), f"{shape} T={T}: residual"
+
+
+def test_fp16_gated_epilogue_equals_glu_of_the_product():
+    """MM_GLU on a few rows: each thread's units of the gate and of the up part, then their product."""
+    ffn, k = 192, 128
+    rng = np.random.default_rng(3)
+    w16 = (rng.standard_normal((2 * ffn, k)) * 0.3).astype(np.float16)
+    p16 = layout.pack_panels(w16.view(np.uint16))
+
+    @numba.njit
+    def fused(x, w, n, out, act, nth):
+        mm(x, w, n, out, nth, MM_GLU, out, act, GELU_TANH)
+
+    for T in (2, 5, 8, 13, 20):
+        x = rng.standard_normal((T, k)).astype(np.float32)
+        plain = product(x, p16, 2 * ffn)
+        want = np.empty((T, ffn), np.float32)
+        glu_rows(plain, ffn, want, GELU_TANH)
+        for threads in THREADS:
+            act = np.full((T, ffn), np.nan, np.float32)
+            fused(x, p16, 2 * ffn, np.empty((T, 2 * ffn), np.float32), act, threads)
+            assert np.array_equal(bits(act), bits(want)), f"T={T} threads={threads}"
