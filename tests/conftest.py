@@ -119,3 +119,13 @@ def smollm_models(smollm_path):
         return cache[dtype]
 
     return get
+
+
+@pytest.fixture
+def restore_threads():
+    """Tests that call numba.set_num_threads give the pool its size back."""
+    import numba
+
+    n = numba.get_num_threads()
+    yield
+    numba.set_num_threads(n)

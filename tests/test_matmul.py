@@ -30,13 +30,6 @@ def product(x: np.ndarray, panels: np.ndarray, n: int, res: np.ndarray | None = 
     return out
 
 
-@pytest.fixture
-def restore_threads():
-    n = numba.get_num_threads()
-    yield
-    numba.set_num_threads(n)
-
-
 @numba.njit
 def _few(w, T):
     return loaders.few_rows(w, T)

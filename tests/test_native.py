@@ -126,13 +126,6 @@ def native_product(x: np.ndarray, qp: layout.QPanels, res: np.ndarray | None = N
     return out
 
 
-@pytest.fixture
-def restore_threads():
-    n = numba.get_num_threads()
-    yield
-    numba.set_num_threads(n)
-
-
 def test_constants_match_the_float_kernel():
     # a quantized panel is one 32-lane vector, a pair of them one 64-lane float panel's width
     assert layout.QPANEL == simd.HALF and simd.LANES == 2 * simd.HALF == 64
