@@ -11,6 +11,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from . import memory
 from .backends import Backend, load_backend
 from .engine import Engine, Generation, Request, check_context, generate, generate_batch, stream
 from .errors import TinydetError
@@ -21,7 +22,11 @@ from .tokenizer import Tokenizer
 
 
 class Model:
-    """A loaded model: tokenizer, packed weights and the settings it runs with."""
+    """A loaded model: tokenizer, packed weights and the settings it runs with.
+
+    One Model may be shared between threads without a lock: each call gets its own KV cache and
+    scratch (the weights are only read), so concurrent generate, stream and generate_batch calls each
+    give the bits they give alone (tests/test_concurrency.py)."""
 
     def __init__(self, path: Path, backend: Backend, tokenizer: Tokenizer, metadata: dict,
                  log: str | os.PathLike | None = None):
@@ -192,14 +197,17 @@ class Model:
 
 def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: int | None = None,
          progress: Callable[[int, int, str], None] | None = None, verify: bool = False,
-         log: str | os.PathLike | None = None) -> Model:
+         log: str | os.PathLike | None = None, check_memory: bool | None = None) -> Model:
     """Load a model: a GGUF file, a Hugging Face directory (config.json + safetensors), or the name of
     a known model (`tinydet models`), pulled into the cache on first use; None means the default
     model. `dtype` is "fp32", "fp16" (weights and KV cache stored as binary16, arithmetic in
     float32) or "native" (each matrix kept as the file stores it, Q8_0/Q4_0/Q4_1 blocks dequantized
     inside the kernels: fp32's bits from a quarter to an eighth of its memory); `threads` defaults to the CPUs this process may use. `verify` re-hashes a known model's
     file even when the cache says it was checked. `log` names a file that gets one JSON line per request
-    (time, request id, version, model SHA-256, prompt/output/logits hashes, settings, timings)."""
+    (time, request id, version, model SHA-256, prompt/output/logits hashes, settings, timings).
+    Before packing, the memory the load needs (weights at `dtype` + a KV cache, `memory.check_memory`)
+    is compared with what the machine has available, and a load that does not fit raises
+    MemoryLimitError; `check_memory=False` (or, when it is None, TINYDET_NO_MEMORY_CHECK=1) skips that."""
     from .registry import DEFAULT_MODEL
 
     from .backends.cpu import DTYPES, check_threads
@@ -208,4 +216,8 @@ def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: i
         raise TinydetError(f"dtype: expected one of {', '.join(DTYPES)}, found {dtype!r}")
     check_threads(threads)
     ck = open_checkpoint(DEFAULT_MODEL if model is None else model, progress, verify=verify)
+    if check_memory is None:
+        check_memory = os.environ.get(memory.ENV_OVERRIDE, "") in ("", "0")
+    if check_memory:
+        memory.check_memory(ck.path, ck.config, ck.tensors, dtype)
     return Model(ck.path, load_backend("cpu", ck.config, ck.tensors, dtype, threads), ck.tokenizer, ck.metadata, log)

@@ -1,10 +1,22 @@
 """Chat templates: the model's Jinja template rendered in jinja2's sandbox, as HF transformers does.
 
 The sandbox matters: a template comes from a model file, and a model file must not be able to read
-files or call into Python."""
+files or call into Python. On top of jinja2's ImmutableSandboxedEnvironment (HF's own), a template
+that reaches for Python internals (`__class__`, `__globals__`, `mro`, ...) is refused outright rather
+than given an empty value, and a render is bounded: at most MAX_SECONDS of time and MAX_CHARS of text
+written (output, block captures and macro bodies all count) or held in one string or list built by an
+operator, method or filter. The time is checked at every loop step, call, filter and piece written,
+in the rendering thread itself (the server renders on worker threads, where signals cannot reach);
+operations that would allocate past the bound (`'x' * 10**10`, `center(10**10)`, `replace`, `join`,
+`%` widths, huge powers) are refused before they run. Real templates (Llama 3's, Qwen's, Gemma's,
+SmolLM2's) write a few kilobytes in a millisecond, far inside both bounds."""
 
 from __future__ import annotations
 
+import functools
+import re
+import threading
+import time
 from datetime import datetime
 from functools import lru_cache
 from typing import Mapping, Sequence
@@ -22,19 +34,196 @@ def _raise(message: str):
     raise ChatTemplateError(f"chat template: {message}")
 
 
+MAX_CHARS = 8 << 20  # characters a render may write in all, or hold in one built string or list
+MAX_SECONDS = 5.0
+_MAX_INT_BITS = 1 << 16  # bits of an integer a power or product may make (big ints are computed in C)
+_state = threading.local()  # this thread's render: .deadline (monotonic seconds), .written (characters)
+# printf-style widths and precisions (`%*s`, `%99999999d`) and str.format's (`{:99999999}`)
+_PERCENT_SPEC = re.compile(r"%[#0 +\-]*(\*|\d+)?(?:\.(\*|\d+))?")
+_FORMAT_SPEC = re.compile(r"\{[^{}]*:([^{}]*)\}")
+
+
+class _Runaway(ChatTemplateError):
+    """A render went past its time or size bound."""
+
+
+def _tick() -> None:
+    deadline = getattr(_state, "deadline", None)
+    if deadline is not None and time.monotonic() > deadline:
+        raise _Runaway(f"chat template stopped: rendering took over {MAX_SECONDS:g} s (a runaway loop?)")
+
+
+def _too_big(what: str, n: int) -> None:
+    if n > MAX_CHARS:
+        raise _Runaway(f"chat template stopped: {what} would make {n} characters or items, over the limit of "
+                       f"{MAX_CHARS}")
+
+
+def _size(x) -> int:
+    return len(x) if isinstance(x, (str, list, tuple, dict)) else 0
+
+
+def _check_format(fmt: str, braces: bool) -> None:
+    """Refuse a format string whose widths or precisions would allocate past the bound."""
+    specs = [g for m in _PERCENT_SPEC.finditer(fmt) for g in m.groups() if g]
+    if braces:
+        specs += re.findall(r"\d+", " ".join(_FORMAT_SPEC.findall(fmt)))
+    for g in specs:
+        if g == "*" or int(g) > MAX_CHARS:
+            raise _Runaway(f"chat template stopped: format width {g!r} is over the limit of {MAX_CHARS}")
+
+
+def _precheck(name: str, args: tuple, kwargs: dict) -> None:
+    """Refuse a call (a str method, or the filter of that name) whose result would be past the bound:
+    estimated from its arguments, as the allocation itself cannot be stopped once it starts."""
+    for v in (*args[1:], *kwargs.values()):  # args[0] is the value (or the str), not a size
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_CHARS:
+            _too_big(f"{name}() with argument {v}", abs(v))
+    s = args[0] if args else None
+    if name == "replace" and len(args) >= 3 and all(isinstance(a, str) for a in args[:3]):
+        old, new = args[1], args[2]
+        n = (len(s) + 1) if old == "" else s.count(old)
+        _too_big("replace()", len(s) + n * max(0, len(new) - len(old)))
+    elif name == "join":  # str.join(sep, seq) or the filter's join(seq, sep)
+        seq = next((a for a in args if isinstance(a, (list, tuple))), None)
+        sep = next((a for a in args if isinstance(a, str)), "")
+        if seq is not None:
+            _too_big("join()", sum(_size(x) for x in seq) + len(sep) * len(seq))
+    elif name == "indent" and isinstance(s, str):
+        width = args[1] if len(args) > 1 else kwargs.get("width", 4)
+        _too_big("indent()", len(s) + (len(width) if isinstance(width, str) else int(width or 0)) * (s.count("\n") + 1))
+    elif name == "format" and isinstance(s, str):
+        _check_format(s, braces=False)
+    elif name == "sum" and args and isinstance(args[0], (list, tuple)):
+        _too_big("sum()", sum(_size(x) for x in args[0]))
+
+
+def _guard_filter(name: str, f):
+    """A filter with the render's checks around it (jinja's pass_context/... markers are kept)."""
+    @functools.wraps(f)
+    def guarded(*args, **kwargs):
+        _tick()
+        # the value is the first argument but for filters that take the context/environment first
+        value_args = args[1:] if getattr(f, "jinja_pass_arg", None) is not None else args
+        _precheck(name, value_args, kwargs)
+        out = f(*args, **kwargs)
+        _too_big(f"filter {name}", _size(out))
+        return out
+    return guarded
+
+
+def _ticking(seq):
+    """A loop's iterable, checking the clock at each step (the loop may write nothing and call nothing)."""
+    for x in seq:
+        _tick()
+        yield x
+
+
+def _sandbox_classes():
+    from jinja2.compiler import CodeGenerator
+    from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+
+    class Generator(CodeGenerator):
+        """Compiles every piece written (constant or not) through `environment.written`, and `~`
+        through `environment.concat_checked`, so that their sizes count against the bound."""
+
+        def _output_const_repr(self, group):
+            return f"environment.written({super()._output_const_repr(group)})"
+
+        def _output_child_pre(self, node, frame, finalize):
+            self.write("environment.written(")
+            super()._output_child_pre(node, frame, finalize)
+
+        def _output_child_post(self, node, frame, finalize):
+            super()._output_child_post(node, frame, finalize)
+            self.write(")")
+
+        def visit_Concat(self, node, frame):
+            self.write("environment.concat_checked((")
+            for arg in node.nodes:
+                self.visit(arg, frame)
+                self.write(", ")
+            self.write("))")
+
+    class Sandbox(ImmutableSandboxedEnvironment):
+        code_generator_class = Generator
+        intercepted_binops = frozenset({"+", "*", "**", "%"})
+
+        def is_safe_attribute(self, obj, attr, value):
+            return not attr.startswith("_") and super().is_safe_attribute(obj, attr, value)
+
+        def unsafe_undefined(self, obj, attribute):
+            # jinja2 returns an Undefined that prints as "": a template probing internals is refused instead
+            raise SecurityError(f"access to attribute {attribute!r} of a {type(obj).__name__!r} object")
+
+        def call_binop(self, context, operator, left, right):
+            _tick()
+            ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (left, right))
+            if operator == "**" and ints and right > 0 and abs(left) > 1:
+                if right * abs(left).bit_length() > _MAX_INT_BITS:
+                    raise _Runaway(f"chat template stopped: {left} ** {right} is too large a number")
+            elif operator == "*" and ints:
+                if left.bit_length() + right.bit_length() > _MAX_INT_BITS:
+                    raise _Runaway("chat template stopped: a product is too large a number")
+            elif operator == "*":
+                seq, n = (left, right) if isinstance(right, int) else (right, left)
+                if isinstance(n, int) and not isinstance(n, bool):
+                    _too_big("repeating a sequence", _size(seq) * max(n, 0))
+            elif operator == "+":
+                _too_big("concatenation", _size(left) + _size(right))
+            elif operator == "%" and isinstance(left, str):
+                _check_format(left, braces=False)
+            return super().call_binop(context, operator, left, right)
+
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja2's own signature)
+            _tick()
+            owner = getattr(__obj, "__self__", None)
+            name = getattr(__obj, "__name__", "")
+            if isinstance(owner, str):
+                _precheck(name, (owner, *args), kwargs)
+            wrapped = getattr(__obj, "__wrapped__", None)  # the sandbox's str.format wrapper
+            if name in ("format", "format_map") and isinstance(getattr(wrapped, "__self__", None), str):
+                _check_format(wrapped.__self__, braces=True)
+            out = super().call(__context, __obj, *args, **kwargs)
+            _too_big(f"{name or 'a call'}()", _size(out))
+            return out
+
+        def written(self, piece):
+            _tick()
+            if hasattr(_state, "written"):
+                _state.written += len(piece)
+                if _state.written > MAX_CHARS:
+                    raise _Runaway(f"chat template stopped: it wrote over {MAX_CHARS} characters")
+            return piece
+
+        def concat_checked(self, parts):
+            parts = [str(p) for p in parts]
+            _too_big("concatenation (~)", sum(len(p) for p in parts))
+            return "".join(parts)
+
+    return Sandbox
+
+
 @lru_cache(maxsize=8)
 def _compile(template: str):
-    from jinja2 import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from jinja2 import TemplateError, nodes
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = _sandbox_classes()(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = _raise
     # Templates that print today's date get a fixed one: a clock would break determinism.
     env.globals["strftime_now"] = lambda fmt: datetime(2024, 1, 1).strftime(fmt)
+    env.filters = {name: _guard_filter(name, f) for name, f in env.filters.items()}
+    env.filters["tinydet_ticking"] = _ticking
     try:
-        return env.from_string(template)
+        ast = env.parse(template)
+        for loop in ast.find_all(nodes.For):  # every loop's iterable checks the clock at each step
+            loop.iter = nodes.Filter(loop.iter, "tinydet_ticking", [], [], None, None, lineno=loop.lineno)
+        ast.set_environment(env)
+        return env.from_string(ast)
     except TemplateError as e:
         raise ChatTemplateError(f"chat template does not parse: {e}") from None
+    except RecursionError:
+        raise ChatTemplateError("chat template does not parse: it nests too deeply") from None
 
 
 def check_messages(messages: Sequence[Mapping[str, str]]) -> list[dict]:
@@ -57,10 +246,25 @@ def render_chat(template: str | None, messages: Sequence[Mapping[str, str]], bos
     """The prompt text for `messages`, ending with the assistant's turn opener when asked."""
     if not template:
         raise ChatTemplateError("chat: the model has no chat template (tokenizer.chat_template)")
-    from jinja2 import TemplateError
+    from jinja2.sandbox import SecurityError
 
+    compiled = _compile(template)
+    msgs = check_messages(messages)
+    _state.deadline, _state.written = time.monotonic() + MAX_SECONDS, 0
     try:
-        return _compile(template).render(messages=check_messages(messages), bos_token=bos_token,
-                                         eos_token=eos_token, add_generation_prompt=add_generation_prompt)
-    except TemplateError as e:
-        raise ChatTemplateError(f"chat template failed to render: {e}") from None
+        return "".join(compiled.generate(messages=msgs, bos_token=bos_token, eos_token=eos_token,
+                                         add_generation_prompt=add_generation_prompt))
+    except ChatTemplateError:
+        raise
+    except SecurityError as e:
+        raise ChatTemplateError(f"chat template refused: it reaches for Python internals ({_one_line(e)})") from None
+    except RecursionError:
+        raise ChatTemplateError("chat template failed to render: it recurses too deeply") from None
+    except Exception as e:  # whatever jinja2 or an operation raises inside (TypeError, OverflowError, ...)
+        raise ChatTemplateError(f"chat template failed to render: {type(e).__name__}: {_one_line(e)}") from None
+    finally:
+        del _state.deadline, _state.written
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 import json
+import signal
 import sys
+import threading
 import time
 from collections import Counter
 
@@ -28,10 +30,23 @@ def _progress(label: str):
     return show
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread like Ctrl-C's KeyboardInterrupt so that the same cleanups
+    run (temporary files deleted, a download's .part kept to resume); not a KeyboardInterrupt, so
+    that the chat's "Ctrl-C stops the reply" does not catch it."""
+
+
+def _terminate(signum, frame):
+    raise Terminated
+
+
 def cli_errors(fn):
-    """Bad input ends in one line on stderr and exit 1; Ctrl-C and a closed pipe end quietly."""
+    """Bad input ends in one line on stderr and exit 1; Ctrl-C (exit 130), SIGTERM (exit 143) and a
+    closed pipe end with one line at most, never a traceback."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        on_main = threading.current_thread() is threading.main_thread()  # handlers can only be set there
+        previous = signal.signal(signal.SIGTERM, _terminate) if on_main else None
         try:
             return fn(*args, **kwargs)
         except TinydetError as e:
@@ -40,14 +55,34 @@ def cli_errors(fn):
         except KeyboardInterrupt:
             click.echo("\ninterrupted", err=True)
             sys.exit(130)
+        except Terminated:
+            click.echo("\nterminated", err=True)
+            sys.exit(143)
         except BrokenPipeError:  # e.g. piped into `head`
             sys.stderr.close()
             sys.exit(0)
+        finally:
+            if previous is not None:  # None: not the main thread, or a handler set outside Python
+                signal.signal(signal.SIGTERM, previous)
     return wrapper
+
+
+_memory_check = True  # --no-memory-check turns it off for this process's loads
+
+
+def _no_memory_check(ctx, param, value):
+    global _memory_check
+    _memory_check = not value  # set on every invocation (tests run many in one process)
+
+
+no_memory_check_option = click.option(
+    "--no-memory-check", is_flag=True, expose_value=False, callback=_no_memory_check,
+    help="Load even when the estimated memory needed exceeds what is available (TINYDET_NO_MEMORY_CHECK=1).")
 
 
 def model_options(fn):
     for opt in reversed([
+        no_memory_check_option,
         click.option("--model", "model_name", default=None,
                      help="A GGUF file, a Hugging Face directory or a known model name (`tinydet models`). "
                           "Default: smollm2-135m-instruct, pulled on first use."),
@@ -91,7 +126,7 @@ def _load(model_name, dtype, threads, verify, log_path=None):
         _compile_notice = True
         on_first_compile(lambda: click.echo(COMPILE_NOTICE, err=True))
     return load(model_name, dtype=dtype, threads=threads, progress=_progress(model_name or "default model"),
-                verify=verify, log=log_path)
+                verify=verify, log=log_path, check_memory=None if _memory_check else False)
 
 
 def _stream(pieces) -> None:
@@ -156,7 +191,9 @@ def generate(prompt, model_name, dtype, threads, verify, log_path, max_tokens, t
 @click.option("--system", default=None, help="A system message to start the conversation with.")
 @cli_errors
 def chat(model_name, dtype, threads, verify, log_path, max_tokens, temperature, top_k, top_p, min_p, seed, stop, system):
-    """Talk with a model through its chat template. History is kept; an empty line or EOF ends."""
+    """Talk with a model through its chat template. History is kept. Ctrl-C while a reply is being
+    written stops it and returns to the prompt (the reply stays in the history as far as it got); an
+    empty line, /exit or Ctrl-D at the prompt ends (Ctrl-C there too, with exit status 130)."""
     model = _load(model_name, dtype, threads, verify, log_path)
     messages = [{"role": "system", "content": system}] if system else []
     kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -164,17 +201,20 @@ def chat(model_name, dtype, threads, verify, log_path, max_tokens, temperature, 
     while True:
         try:
             line = input("> ")
-        except EOFError:
+        except EOFError:  # Ctrl-D; Ctrl-C here ends the chat as it ends any command (exit 130)
             click.echo("")
             return
         if not line.strip() or line.strip() in ("/exit", "/quit"):
             return
         messages.append({"role": "user", "content": line})
         parts = []
-        for piece in model.stream(model.chat_prompt(messages), **kwargs):
-            parts.append(piece)
-            click.echo(piece, nl=False)
-            sys.stdout.flush()
+        try:
+            for piece in model.stream(model.chat_prompt(messages), **kwargs):
+                parts.append(piece)
+                click.echo(piece, nl=False)
+                sys.stdout.flush()
+        except KeyboardInterrupt:  # stops this reply only, as llama.cpp's and ollama's chats do
+            click.echo(" [stopped]", nl=False)
         click.echo("")
         messages.append({"role": "assistant", "content": "".join(parts)})
 
@@ -273,6 +313,7 @@ def verify(model_name, prompt, new_tokens, dtypes, no_subprocess, as_json, worke
 @click.option("--threads", type=click.IntRange(min=1), default=None)
 @click.option("--chunk", type=click.IntRange(min=1), default=None, help="Prefill in chunks of N tokens.")
 @click.option("--no-values", is_flag=True, help="Record hashes and statistics only, not the rows.")
+@no_memory_check_option
 @cli_errors
 def trace(model_name, prompt, out_path, dtype, threads, chunk, no_values):
     """Record every op's output hash and statistics, per layer and position, as JSON lines."""
@@ -342,6 +383,7 @@ def golden(model_name, check_path, write_path, overwrite, threads, no_native):
 @click.option("--new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@no_memory_check_option
 @cli_errors
 def bench(model_name, dtype, threads, prompt_tokens, new_tokens, repeats, as_json):
     """Prefill and decode speed, first-token latency and peak memory of MODEL on this machine
@@ -387,6 +429,7 @@ def bench(model_name, dtype, threads, prompt_tokens, new_tokens, repeats, as_jso
 @click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="Seconds running requests get to finish after SIGTERM.")
 @click.option("--verify", is_flag=True, help="Re-hash a known model's file before use.")
+@no_memory_check_option
 @cli_errors
 def serve(model_name, host, port, dtype, threads, max_batch, max_queue, prefill_chunk, prefix_cache_mb, api_key,
           log_path, served_model_name, canary_file, canary_interval, shutdown_timeout, verify):

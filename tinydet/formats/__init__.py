@@ -139,6 +139,10 @@ def open_checkpoint(model: str | os.PathLike, progress: Callable[[int, int, str]
     from ..registry import resolve_model
 
     path = resolve_model(model, verify=verify)
+    if path.is_file():
+        from .pickles import refuse_pickle
+
+        refuse_pickle(path)  # before any reader looks at it: a pickle is never opened
     if path.is_dir():
         from .hf_dir import open_hf_dir
 

@@ -9,7 +9,8 @@ without that key, its architecture's transformers config class ties by default: 
 HF stores offset from its canonical value (`arch.TensorSpec.hf_offset`: Gemma's norm weights hold w for
 a scale of 1 + w) is read as float32(offset + stored), the value the kernels and a GGUF file use.
 
-Pickle checkpoints (pytorch_model.bin, *.pt, *.pth) are refused: unpickling runs arbitrary code.
+Pickle checkpoints (pytorch_model.bin, *.pt, *.pth, ..., or a pickle under any name: `pickles.py`)
+are refused, never opened: unpickling runs arbitrary code.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ..tokenizer.hf import CONFIG_FILE, TOKENIZER_FILE, read_hf_tokenizer
 from . import Checkpoint, Tensor
 from .jsonfile import is_int as _is_int
 from .jsonfile import read_json as _read_json
+from .pickles import PICKLE_SUFFIXES, refuse_pickle
 from .safetensors import SafetensorsFile
 
 # Buffers some older checkpoints saved alongside the weights; recomputed from the config, never read.
@@ -33,7 +35,7 @@ _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 
 SAFETENSORS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-PICKLE_PATTERNS = ("pytorch_model*.bin", "*.bin", "*.pt", "*.pth", "*.ckpt")
+PICKLE_PATTERNS = tuple(f"*{s}" for s in PICKLE_SUFFIXES)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -216,6 +218,7 @@ def _find_weight_files(path: Path) -> tuple[list[SafetensorsFile], Path]:
     """The directory's safetensors files (validated headers) and the file that lists them."""
     single, index = path / SAFETENSORS_FILE, path / INDEX_FILE
     if single.is_file():
+        refuse_pickle(single, SAFETENSORS_FILE)  # a pickle under a safetensors name is still a pickle
         return [SafetensorsFile(single)], single
     if index.is_file():
         idx = _read_json(index, INDEX_FILE)
@@ -231,6 +234,7 @@ def _find_weight_files(path: Path) -> tuple[list[SafetensorsFile], Path]:
                                        f"shard {shard!r} is not a plain file name in the model directory")
             if not (path / shard).is_file():
                 raise ModelFormatError(index, f"weight_map.{name}", f"shard {shard!r} is missing from {path}")
+            refuse_pickle(path / shard, f"weight_map.{name}")
             files[shard] = SafetensorsFile(path / shard)
         for name, shard in wm.items():
             if name not in files[shard].tensors:
