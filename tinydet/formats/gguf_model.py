@@ -30,6 +30,9 @@ def rope_row_order(n: int, n_heads: int) -> np.ndarray:
     return np.ascontiguousarray(np.arange(n).reshape(n_heads, hd // 2, 2).swapaxes(1, 2).reshape(n))
 
 
+_REQUIRED = object()  # default of the _Keys readers: the key must be present
+
+
 class _Keys:
     """Typed reads of `{arch}.*` keys; errors name the key."""
 
@@ -45,11 +48,43 @@ class _Keys:
     def get(self, name: str, default=None):
         return self.g.get(self.key(name), default)
 
-    def int(self, name: str, default=None) -> int:
-        v = self.g.require(self.key(name)) if default is None else self.g.get(self.key(name), default)
+    def _read(self, name: str, default):
+        return self.g.require(self.key(name)) if default is _REQUIRED else self.g.get(self.key(name), default)
+
+    # A downloaded file may store any key as any GGUF type (an array, a string): each reader checks
+    # the type, so a wrong one is refused here and not met later as a NumPy or Python TypeError.
+    # `default=None` makes a key optional with None when absent.
+    def int(self, name: str, default=_REQUIRED) -> int | None:
+        v = self._read(name, default)
+        if v is None and default is None:
+            return None
         if isinstance(v, bool) or not isinstance(v, int):
-            self.bad(name, f"expected an integer, found {v!r}")
+            self.bad(name, f"expected an integer, found {_short(v)}")
         return v
+
+    def float(self, name: str, default=_REQUIRED) -> float | None:
+        v = self._read(name, default)
+        if v is None and default is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            self.bad(name, f"expected a number, found {_short(v)}")
+        return float(v)
+
+    def str(self, name: str, default=_REQUIRED) -> str | None:
+        v = self._read(name, default)
+        if v is None and default is None:
+            return None
+        if not isinstance(v, str):
+            self.bad(name, f"expected a string, found {_short(v)}")
+        return v
+
+
+def _short(v) -> str:
+    """A metadata value for a one-line message: arrays can hold millions of elements."""
+    if isinstance(v, (list, np.ndarray)):
+        return f"an array of {len(v)} elements"
+    r = repr(v)
+    return r if len(r) <= 80 else r[:77] + "..."
 
 
 ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-frequency RoPE divisors (Llama 3.1's scaling)
@@ -80,6 +115,8 @@ def gguf_config(g: GGUFFile) -> tuple[archs.ArchSpec, ModelConfig]:
     key is absent."""
     path: Path = g.path
     name = g.require("general.architecture")
+    if not isinstance(name, str):
+        raise ModelFormatError(path, "general.architecture", f"expected a string, found {_short(name)}")
     spec = archs.by_gguf(name)
     if spec is None:
         supported = ", ".join(archs.gguf_archs())
@@ -88,8 +125,8 @@ def gguf_config(g: GGUFFile) -> tuple[archs.ArchSpec, ModelConfig]:
     k = _Keys(g, name)
     dim = k.int("embedding_length")
     n_heads = k.int("attention.head_count")
-    n_kv = k.get("attention.head_count_kv", n_heads)
-    key_len = k.get("attention.key_length")
+    n_kv = k.int("attention.head_count_kv", n_heads)
+    key_len = k.int("attention.key_length", None)
     if n_heads <= 0 or (key_len is None or not spec.own_head_dim) and dim % n_heads:
         k.bad("attention.head_count", f"{n_heads} heads do not divide embedding_length {dim}")
     head_dim = dim // n_heads
@@ -98,32 +135,38 @@ def gguf_config(g: GGUFFile) -> tuple[archs.ArchSpec, ModelConfig]:
             head_dim = key_len
         elif key_len != head_dim:
             k.bad("attention.key_length", f"expected embedding_length / head_count = {head_dim}, found {key_len}")
-    if k.get("attention.value_length", head_dim) != head_dim:
-        k.bad("attention.value_length", f"expected the key length {head_dim}, found {k.get('attention.value_length')}")
-    rope_dim = k.get("rope.dimension_count", head_dim)
+    value_len = k.int("attention.value_length", head_dim)
+    if value_len != head_dim:
+        k.bad("attention.value_length", f"expected the key length {head_dim}, found {value_len}")
+    rope_dim = k.int("rope.dimension_count", head_dim)
     if rope_dim != head_dim:
         k.bad("rope.dimension_count", f"partial RoPE is not supported: expected {head_dim}, found {rope_dim}")
-    scaling = k.get("rope.scaling.type", "none")
+    scaling = k.str("rope.scaling.type", "none")
     if scaling not in spec.rope_scalings:
         k.bad("rope.scaling.type", f"RoPE scaling {scaling!r} is not supported{rope_refusal(scaling)}")
-    rope = RoPE(base=float(k.get("rope.freq_base", 10000.0)))
+    rope = RoPE(base=k.float("rope.freq_base", 10000.0))
     if scaling == "linear":
-        rope = RoPE(base=rope.base, scaling="linear", factor=float(k.get("rope.scaling.factor", 1.0)))
+        rope = RoPE(base=rope.base, scaling="linear", factor=k.float("rope.scaling.factor", 1.0))
     if ROPE_FREQS in g.tensors:
         rope = _rope_freqs(g, spec, rope, scaling, head_dim)
     tokens = g.get("tokenizer.ggml.tokens")
-    vocab = k.get("vocab_size")
+    vocab = k.int("vocab_size", None)
     if vocab is None:
         if "token_embd.weight" in g.tensors:
             vocab = g.tensors["token_embd.weight"].shape[0]
-        elif tokens is not None:
+        elif isinstance(tokens, list):
             vocab = len(tokens)
         else:
             k.bad("vocab_size", "missing, and no token_embd.weight to infer it from")
     fields = dict(arch=spec.name, n_layers=k.int("block_count"), dim=dim, ffn_dim=k.int("feed_forward_length"),
                   n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, vocab_size=int(vocab),
                   context_length=k.int("context_length"), rope=rope,
-                  rms_eps=float(g.require(k.key("attention.layer_norm_rms_epsilon"))), **spec.flags)
+                  rms_eps=k.float("attention.layer_norm_rms_epsilon"), **spec.flags)
+    # Every layer has tensors of its own in the file: a larger block_count is refused here, before
+    # the architecture's hook makes per-layer tables of that length.
+    if not 0 < fields["n_layers"] <= len(g.tensors):
+        k.bad("block_count", f"expected 1..{len(g.tensors)} layers (the file has {len(g.tensors)} tensors), "
+                             f"found {fields['n_layers']}")
     if spec.gguf_config is not None:
         fields = spec.gguf_config(k, fields)
     a = name

@@ -43,6 +43,9 @@ def read_json(path: Path, field: str, required: bool = True) -> dict | None:
         data = json.loads(text, object_pairs_hook=reject_duplicates(path, field))
     except json.JSONDecodeError as e:
         raise ModelFormatError(path, field, f"is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except RecursionError:
+        # json's decoder recurses once per nesting level: a few thousand '[' exhaust the stack.
+        raise ModelFormatError(path, field, "is nested too deeply") from None
     if not isinstance(data, dict):
         raise ModelFormatError(path, field, "expected a JSON object")
     return data

@@ -89,6 +89,9 @@ class SafetensorsFile:
             header = json.loads(text, object_pairs_hook=_reject_duplicates(path, "header"))
         except json.JSONDecodeError as e:
             raise ModelFormatError(path, "header", f"is not valid JSON ({e.msg} at char {e.pos})") from None
+        except RecursionError:
+            # json's decoder recurses once per nesting level: a few thousand '[' exhaust the stack.
+            raise ModelFormatError(path, "header", "is nested too deeply") from None
         if not isinstance(header, dict):
             raise ModelFormatError(path, "header", "expected a JSON object")
         meta = header.pop("__metadata__", None) or {}

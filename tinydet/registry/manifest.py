@@ -177,6 +177,8 @@ def load_manifest(path: str | os.PathLike) -> Manifest:
             data = tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
         raise ManifestError(path, "toml", f"not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:  # tomllib decodes the bytes itself and lets this through
+        raise ManifestError(path, "toml", f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
     except OSError as e:
         raise ManifestError(path, "file", f"cannot read it: {e.strerror or e}") from None
     for key, typ in _REQUIRED.items():

@@ -10,6 +10,7 @@ leading space SentencePiece added, and decodes UTF-8 with U+FFFD for invalid byt
 
 from __future__ import annotations
 
+import operator
 import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -17,11 +18,21 @@ from collections.abc import Callable, Iterable, Sequence
 import tokenizers
 from tokenizers import processors
 
+from ..errors import TinydetError
 from . import gguf
 from .spm import _SPM, SPIECE_UNDERLINE
 from .stream import StreamDecoder
 
 _C_SPACE = " \t\n\v\f\r"  # what C's isspace() accepts (llama.cpp strips these, HF any Unicode space)
+
+
+class TokenInputError(TinydetError, ValueError):
+    """Text or token ids a tokenizer cannot take. A ValueError too, as these were before they were
+    TinydetErrors: callers that catch ValueError keep working."""
+
+
+class TokenTypeError(TinydetError, TypeError):
+    """Text that is not a str, or a token id that is not an integer (also a TypeError, as before)."""
 
 
 class Tokenizer:
@@ -133,7 +144,11 @@ class Tokenizer:
         """Token ids for `text`; BOS/EOS added per `add_bos`/`add_eos` when `add_special`. Special
         tokens written in the text (e.g. "<|im_start|>") become their ids."""
         if not isinstance(text, str):
-            raise TypeError(f"text must be str, not {type(text).__name__}")
+            raise TokenTypeError(f"text must be str, not {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate ("\ud800"): no UTF-8, no tokens
+            raise TokenInputError(f"text is not valid Unicode: {e.reason} at position {e.start}") from None
         if self._spm is not None:
             ids = self._encode_spm(text)
         else:
@@ -180,9 +195,15 @@ class Tokenizer:
     # -- decoding ----------------------------------------------------------------------------------
 
     def _check_id(self, i) -> int:
-        j = int(i)
+        # operator.index, not int(): int() would take 1.5 as token 1 and "7" as token 7.
+        if isinstance(i, bool):
+            raise TokenTypeError(f"token ids must be integers, found {i!r}")
+        try:
+            j = operator.index(i)
+        except TypeError:
+            raise TokenTypeError(f"token ids must be integers, found {str(repr(i))[:40]}") from None
         if not 0 <= j < self.vocab_size:
-            raise ValueError(f"token id {j} is outside the vocabulary (0..{self.vocab_size - 1})")
+            raise TokenInputError(f"token id {j} is outside the vocabulary (0..{self.vocab_size - 1})")
         return j
 
     def decode(self, ids: Sequence[int]) -> str:

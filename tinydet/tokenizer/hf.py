@@ -41,12 +41,25 @@ def _chat_template(v: Any, path: Path) -> str | None:
 
 def _id_list(v: Any, path: Path, field: str, n: int) -> list[int]:
     ids = v if isinstance(v, list) else [v]
+    if not ids:
+        raise ModelFormatError(path, field, "expected a token id or a list of them, found an empty list")
     for i in ids:
         if not _is_int(i):
             raise ModelFormatError(path, field, f"expected a token id or a list of them, found {v!r}")
         if not 0 <= i < n:
             raise ModelFormatError(path, field, f"token id {i} is outside the vocabulary (0..{n - 1})")
     return list(ids)
+
+
+def _probe(hf, tpath: Path, add_special: bool) -> list[int]:
+    """The ids of "a": a tokenizer.json whose post-processor names a token its vocabulary lacks makes
+    `tokenizers` panic in Rust, raised as pyo3's PanicException, a BaseException (not an Exception)."""
+    try:
+        return hf.encode("a", add_special_tokens=add_special).ids
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # noqa: BLE001
+        raise ModelFormatError(tpath, TOKENIZER_FILE, f"the tokenizer fails on a test input: {_one_line(e)}") from None
 
 
 def read_hf_tokenizer(path: str | Path, raw_config: dict | None = None) -> Tokenizer:
@@ -100,8 +113,8 @@ def read_hf_tokenizer(path: str | Path, raw_config: dict | None = None) -> Token
 
     # Whether BOS/EOS are added: tokenizer_config.json's flags when it has them, else what
     # tokenizer.json's post-processor does (which is what transformers then does too).
-    plain = hf.encode("a", add_special_tokens=False).ids
-    full = hf.encode("a", add_special_tokens=True).ids
+    plain = _probe(hf, tpath, False)
+    full = _probe(hf, tpath, True)
     pre, post = [], []
     for k in range(len(full) - len(plain) + 1):
         if full[k:k + len(plain)] == plain:

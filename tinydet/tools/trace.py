@@ -92,7 +92,11 @@ def read_trace(path) -> tuple[dict, list[dict]]:
         raise TinydetError(f"{path}: no such file") from None
     except json.JSONDecodeError as e:
         raise TinydetError(f"{path}: line {e.lineno}: not JSON ({e.msg})") from None
-    if not lines or lines[0].get("format") != FORMAT:
+    except UnicodeDecodeError as e:
+        raise TinydetError(f"{path}: not valid UTF-8 ({e.reason})") from None
+    except RecursionError:
+        raise TinydetError(f"{path}: a line is nested too deeply") from None
+    if not lines or not isinstance(lines[0], dict) or lines[0].get("format") != FORMAT:
         raise TinydetError(f"{path}: format: expected a {FORMAT} header line")
     return lines[0], lines[1:]
 
