@@ -31,6 +31,7 @@ back 0)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -76,25 +77,30 @@ def _gguf_config(k, fields: dict) -> dict:
     layers; sliding_window_pattern is a period (default 6) or one flag per layer; the sliding layers
     rotate with rope.freq_base_swa (default 10000), unscaled."""
     n, ctx = fields["n_layers"], fields["context_length"]
-    window = k.get("attention.sliding_window", 0)
-    if isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= ctx:
+    window = k.int("attention.sliding_window", 0)
+    if not 0 <= window <= ctx:
         k.bad("attention.sliding_window", f"expected a window in 0..context_length ({ctx}), found {window!r}")
     sliding = [False] * n
     if window:
+        from ..formats.gguf_model import _short  # (formats imports arch)
+
         pattern = k.get("attention.sliding_window_pattern", PATTERN)
-        if isinstance(pattern, list):
-            if len(pattern) != n or not all(isinstance(x, (bool, int)) for x in pattern):
-                k.bad("attention.sliding_window_pattern", f"expected {n} per-layer flags, found {pattern!r}")
-            sliding = [bool(x) for x in pattern]
+        if isinstance(pattern, np.ndarray):  # the reader gives a numeric or bool array as an ndarray
+            if pattern.shape != (n,) or pattern.dtype.kind not in "biu":
+                k.bad("attention.sliding_window_pattern", f"expected {n} per-layer flags, found {_short(pattern)}")
+            sliding = [bool(x) for x in pattern.tolist()]
         elif isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0:
             sliding = [i % pattern < pattern - 1 for i in range(n)]
         else:
-            k.bad("attention.sliding_window_pattern", f"expected a positive period or per-layer flags, found {pattern!r}")
-    local_base = k.get("rope.freq_base_swa", LOCAL_ROPE_BASE)
-    if isinstance(local_base, bool) or not isinstance(local_base, (int, float)) or not local_base > 0:
+            k.bad("attention.sliding_window_pattern",
+                  f"expected a positive period or per-layer flags, found {_short(pattern)}")
+    local_base = k.float("rope.freq_base_swa", LOCAL_ROPE_BASE)
+    if not local_base > 0:
         k.bad("rope.freq_base_swa", f"expected a positive RoPE base, found {local_base!r}")
-    local = RoPE(float(local_base))
-    cap = k.get("final_logit_softcapping")
+    local = RoPE(local_base)
+    cap = k.float("final_logit_softcapping", None)
+    if cap is not None and not 0 < cap < math.inf:  # NaN, 0 or inf would make every logit NaN or 0
+        k.bad("final_logit_softcapping", f"expected a positive number, found {cap!r}")
     if k.get("attn_logit_softcapping") is not None:
         k.bad("attn_logit_softcapping", "attention logit soft-capping (Gemma 2) is not supported")
     dim = fields["dim"]
@@ -104,7 +110,7 @@ def _gguf_config(k, fields: dict) -> dict:
             "layer_ropes": tuple(local if sw else fields["rope"] for sw in sliding),
             "attn_scale": float(np.float32(scalar ** -0.5)),
             "embed_scale": float(np.float32(dim ** 0.5)),
-            "logit_softcap": None if cap is None else float(cap)}
+            "logit_softcap": cap}
 
 
 def _layer_types(types, window: int, rope: RoPE, local: RoPE) -> dict:
@@ -147,7 +153,9 @@ def _hf_config(f, fields: dict) -> dict:
     if types is None:  # transformers' rule for configs from before layer_types
         pattern = f.int("sliding_window_pattern", PATTERN)
         types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
-    if not isinstance(types, list) or len(types) != n or not set(types) <= set(LAYER_TYPES):
+    # Each entry is checked to be a string before set(): a list or an object in it is unhashable.
+    if (not isinstance(types, list) or len(types) != n or not all(isinstance(t, str) for t in types)
+            or not set(types) <= set(LAYER_TYPES)):
         f.bad("layer_types", f"expected {n} entries of 'sliding_attention' or 'full_attention', found {types!r}")
     window = 0
     if "sliding_attention" in types:

@@ -61,8 +61,8 @@ def _gguf_config(k, fields: dict) -> dict:
         if name in k.g.tensors:
             raise ModelFormatError(k.path, name, f"LongRoPE is not supported: {LENGTH_DEPENDENT_ROPE['longrope']}")
     ctx = fields["context_length"]
-    window = k.get("attention.sliding_window", 0)
-    if isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= ctx:
+    window = k.int("attention.sliding_window", 0)  # typed read: an array's repr would span lines
+    if not 0 <= window <= ctx:
         k.bad("attention.sliding_window", f"expected a window in 0..context_length ({ctx}), found {window!r}")
     return {**fields, "layer_windows": _windows(window, fields["n_layers"])}
 

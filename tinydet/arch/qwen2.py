@@ -21,7 +21,9 @@ def _hf_config(f, fields: dict) -> dict:
     types = f.c.get("layer_types")
     if types is None:
         types = ["sliding_attention" if i >= f.int("max_window_layers", 28) else "full_attention" for i in range(n)]
-    if not isinstance(types, list) or len(types) != n or not set(types) <= {"sliding_attention", "full_attention"}:
+    # Each entry is checked to be a string before set(): a list or an object in it is unhashable.
+    if (not isinstance(types, list) or len(types) != n or not all(isinstance(t, str) for t in types)
+            or not set(types) <= {"sliding_attention", "full_attention"}):
         f.bad("layer_types", f"expected {n} entries of 'sliding_attention' or 'full_attention', found {types!r}")
     return {**fields, "layer_windows": tuple(window if t == "sliding_attention" else 0 for t in types)}
 

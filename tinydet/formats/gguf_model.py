@@ -5,6 +5,7 @@ defaults), the tensors under canonical names through the architecture's spec, th
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
 from typing import Callable
 
@@ -145,6 +146,9 @@ def gguf_config(g: GGUFFile) -> tuple[archs.ArchSpec, ModelConfig]:
     if scaling not in spec.rope_scalings:
         k.bad("rope.scaling.type", f"RoPE scaling {scaling!r} is not supported{rope_refusal(scaling)}")
     rope = RoPE(base=k.float("rope.freq_base", 10000.0))
+    # Checked here, not only by validate(): rope_freqs.weight below is turned into parameters from it.
+    if not 0 < rope.base < math.inf:
+        k.bad("rope.freq_base", f"expected a positive RoPE base, found {rope.base!r}")
     if scaling == "linear":
         rope = RoPE(base=rope.base, scaling="linear", factor=k.float("rope.scaling.factor", 1.0))
     if ROPE_FREQS in g.tensors:

@@ -102,6 +102,8 @@ def rope_object(f: _Fields, key: str, rp, spec: archs.ArchSpec, theta: float | N
     if not isinstance(rp, dict):
         f.bad(key, f"expected an object or null, found {rp!r}")
     kind = rp.get("rope_type", rp.get("type", "default"))
+    if not isinstance(kind, str):  # a list or an object would be unhashable in the lookup below
+        f.bad(f"{key}.{'rope_type' if 'rope_type' in rp else 'type'}", f"expected a string, found {kind!r}")
     if _ROPE_NAMES.get(kind) not in spec.rope_scalings:
         supported = ", ".join(repr(k) for k, v in _ROPE_NAMES.items() if v in spec.rope_scalings)
         f.bad(key, f"RoPE scaling {kind!r} is not supported (supported: {supported}){rope_refusal(kind)}")
@@ -146,11 +148,18 @@ def _rope(f: _Fields, spec: archs.ArchSpec) -> RoPE:
     return dataclasses.replace(rope, base=10000.0 if theta is None else theta)
 
 
-def read_hf_config(path: str | Path) -> tuple[archs.ArchSpec, ModelConfig, bool, dict]:
-    """A directory's config.json -> (spec, ModelConfig, tie_word_embeddings, raw dict)."""
+def _config_path(path: str | Path) -> Path:
     cpath = Path(path) / CONFIG_FILE
     if not cpath.is_file():
         raise ModelFormatError(cpath, CONFIG_FILE, "missing: not a Hugging Face model directory")
+    return cpath
+
+
+def read_hf_config(path: str | Path, n_tensors: int | None = None) -> tuple[archs.ArchSpec, ModelConfig, bool, dict]:
+    """A directory's config.json -> (spec, ModelConfig, tie_word_embeddings, raw dict). `n_tensors`:
+    how many tensors the directory's weight files hold (None: count them here), the most layers
+    num_hidden_layers may say."""
+    cpath = _config_path(path)
     c = _read_json(cpath, CONFIG_FILE)
     f = _Fields(c, cpath)
     model_type, hf_archs = c.get("model_type"), c.get("architectures")
@@ -187,7 +196,15 @@ def read_hf_config(path: str | Path) -> tuple[archs.ArchSpec, ModelConfig, bool,
     if c.get("partial_rotary_factor", 1.0) not in (1, 1.0, None):
         f.bad("partial_rotary_factor", f"partial RoPE is not supported, found {c['partial_rotary_factor']!r}")
     rope = _rope(f, spec)
-    fields = dict(arch=spec.name, n_layers=f.int("num_hidden_layers"), dim=dim, ffn_dim=f.int("intermediate_size"),
+    n_layers = f.int("num_hidden_layers")
+    # Every layer has tensors of its own: a larger count is refused before the hooks below make
+    # per-layer tables of that length (2**32 layers ran for minutes).
+    if n_tensors is None:
+        n_tensors = sum(len(w.tensors) for w in _find_weight_files(cpath.parent)[0])
+    if n_layers > n_tensors:
+        f.bad("num_hidden_layers", f"expected 1..{n_tensors} layers (the weight files have {n_tensors} tensors), "
+                                   f"found {n_layers}")
+    fields = dict(arch=spec.name, n_layers=n_layers, dim=dim, ffn_dim=f.int("intermediate_size"),
                   n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, vocab_size=f.int("vocab_size"),
                   context_length=f.int("max_position_embeddings"), rope=rope, rms_eps=f.float("rms_norm_eps"),
                   **spec.flags)
@@ -292,8 +309,9 @@ def open_hf_dir(path: str | Path, progress: Callable[[int, int, str], None] | No
     path = Path(path)
     if not path.is_dir():
         raise ModelFormatError(path, "path", "not a directory")
-    spec, cfg, tie, raw = read_hf_config(path)
+    _config_path(path)  # a directory without config.json is not a model directory, whatever its weights
     files, listing = _find_weight_files(path)
+    spec, cfg, tie, raw = read_hf_config(path, sum(len(f.tensors) for f in files))
     tokenizer = read_hf_tokenizer(path, raw)
     if tokenizer.vocab_size > cfg.vocab_size:
         raise ModelFormatError(path / TOKENIZER_FILE, TOKENIZER_FILE,
