@@ -120,7 +120,7 @@ def test_bad_dtype_and_threads(stories_path):
 
 
 def test_bad_token_ids(stories_models):
-    with pytest.raises(TinydetError, match="token ids"):
+    with pytest.raises(TinydetError, match=r"^token_ids: token id 99999 is outside the vocabulary \(0\.\.511\)$"):
         stories_models["fp32"].logits([1, 99999])
 
 

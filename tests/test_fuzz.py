@@ -57,6 +57,12 @@ test_gguf = mutated("gguf", 80)
 test_manifest = mutated("manifest", 150)
 test_safetensors = mutated("safetensors", 80)
 test_hf_dir = mutated("hf_dir", 60)
+_api = mutated("api", 150)
+
+
+def test_api(stories_path, scratch):
+    """api: Model's public calls on stories260K with mutated arguments (at most 3 new tokens each)."""
+    _api(scratch)
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=8),
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),

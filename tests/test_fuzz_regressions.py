@@ -186,3 +186,231 @@ def test_encode_lone_surrogate(stories_path):
         tok.encode("a\ud800b")
     assert one_line(e.value)
     assert tok.decode(tok.encode("ab", add_special=False)) == "ab"  # the check does not change good text
+
+
+# ---- model-config reading: untyped float(), set() of unhashable entries, a layer count that hangs
+
+
+@pytest.mark.parametrize("value", [np.array([1.0, 2.0], np.float32), "linear", "", float("nan"), 0.0],
+                         ids=["array", "string", "empty-string", "nan", "zero"])
+def test_gguf_gemma3_final_logit_softcapping_of_wrong_type(tmp_path, value):
+    # float(cap) took the key as whatever the file stored: a string or an array gave ValueError /
+    # TypeError (fuzz/crashes/gguf), NaN or 0 a softcap that makes every logit NaN or 0.
+    import gemma3gen
+
+    src = tmp_path / "g.gguf"
+    gemma3gen.write_gguf(src)
+    p = tmp_path / "m.gguf"
+    p.write_bytes(rewrite(src, {"gemma3.final_logit_softcapping": value}))
+    with pytest.raises(ModelFormatError) as e:
+        gguf_config(GGUFFile(p))
+    assert e.value.field == "gemma3.final_logit_softcapping" and str(p) in str(e.value) and one_line(e.value)
+
+
+def test_gguf_gemma3_final_logit_softcapping_read(tmp_path):
+    import gemma3gen
+    from ggufgen import FLOAT32
+
+    src = tmp_path / "g.gguf"
+    gemma3gen.write_gguf(src)
+    p = tmp_path / "m.gguf"
+    p.write_bytes(rewrite(src, {"gemma3.final_logit_softcapping": typed(FLOAT32, 30.0)}))
+    assert gguf_config(GGUFFile(p))[1].logit_softcap == 30.0
+
+
+def _config_dir(tmp_path, config: dict):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return tmp_path
+
+
+def _gemma3_config(**changes) -> dict:
+    import gemma3gen
+
+    return {**gemma3gen.config_json(), **changes}
+
+
+def _qwen2_config(**changes) -> dict:
+    import qwen2gen
+
+    return {**qwen2gen.config_json(), "use_sliding_window": True, **changes}
+
+
+@pytest.mark.parametrize("make", [_gemma3_config, _qwen2_config], ids=["gemma3", "qwen2"])
+@pytest.mark.parametrize("entry", [["sliding_attention"], {"a": 1}, 1], ids=["list", "object", "number"])
+def test_hf_layer_types_entry_not_a_string(tmp_path, make, entry):
+    # set(layer_types) raised "unhashable type" for a list or object entry (fuzz/crashes/hf_dir).
+    from tinydet.formats.hf_dir import read_hf_config
+
+    n = make()["num_hidden_layers"]
+    d = _config_dir(tmp_path, make(layer_types=[entry] + ["full_attention"] * (n - 1)))
+    with pytest.raises(ModelFormatError) as e:
+        read_hf_config(d, n_tensors=1000)
+    assert e.value.field == "layer_types" and str(d / "config.json") in str(e.value) and one_line(e.value)
+
+
+@pytest.mark.parametrize("key", ["rope_type", "type"])
+@pytest.mark.parametrize("kind", [["linear"], {"linear": 1}], ids=["list", "object"])
+def test_hf_rope_type_not_a_string(tmp_path, key, kind):
+    # The lookup of rope_scaling.rope_type in a dict raised "unhashable type" (fuzz/crashes/hf_dir).
+    from tinydet.formats.hf_dir import read_hf_config
+
+    d = _config_dir(tmp_path, _qwen2_config(rope_scaling={key: kind, "factor": 2.0}))
+    with pytest.raises(ModelFormatError) as e:
+        read_hf_config(d, n_tensors=1000)
+    assert e.value.field == f"rope_scaling.{key}" and one_line(e.value)
+
+
+@pytest.mark.parametrize("make", [_gemma3_config, _qwen2_config], ids=["gemma3", "qwen2"])
+def test_hf_num_hidden_layers_larger_than_the_weights(tmp_path, make):
+    # 2**32 layers: the per-layer tables (layer_types, windows) were built for minutes before anything
+    # compared the count with the tensors present (fuzz/crashes/hf_dir, a hang).
+    from safetensors.numpy import save_file
+
+    from tinydet.formats.hf_dir import open_hf_dir, read_hf_config
+
+    d = _config_dir(tmp_path, make(num_hidden_layers=2**32, layer_types=None))
+    save_file({"model.embed_tokens.weight": np.zeros((4, 4), np.float32)}, str(d / "model.safetensors"))
+    for read in (open_hf_dir, read_hf_config):
+        with pytest.raises(ModelFormatError) as e:
+            read(d)
+        assert e.value.field == "num_hidden_layers" and str(d / "config.json") in str(e.value) and one_line(e.value)
+
+
+# -- the `api` target: Model's public arguments ---------------------------------------------------------
+
+BAD_API_CALLS = [  # (call, argument named in the message, prompt, settings); each from fuzz/crashes/api
+    ("generate", "prompt", 5, {}), ("generate", "prompt", None, {}), ("generate", "prompt", b"Once", {}),
+    ("generate", "prompt", [1.5], {}), ("generate", "prompt", ["a"], {}), ("generate", "prompt", [True], {}),
+    ("generate", "prompt", [2**63], {}), ("generate", "top_p", "Once", {"top_p": []}),
+    ("generate", "temperature", "Once", {"temperature": "x"}), ("generate", "min_p", "Once", {"min_p": {"a": 1}}),
+    ("generate", "top_k", "Once", {"top_k": 1e308}), ("generate", "temperature", "Once", {"temperature": 10**400}),
+    ("generate", "max_tokens", "Once", {"max_tokens": "3"}), ("generate", "seed", "Once", {"seed": 2**64}),
+    ("generate", "stop", "Once", {"stop": b"a"}), ("generate", "stop", "Once", {"stop": -2**63}),
+    ("stream", "stop", "Once", {"stop": [None]}), ("stream", "top_p", "Once", {"top_p": None}),
+    ("generate_batch", "stop", "Once", {"stop": b"a"}), ("generate_batch", "prompt", [1.5], {}),
+    ("detokenize", "ids", 5, {}), ("detokenize", "ids", None, {}), ("logits", "token_ids", "\x00", {}),
+    ("logits", "token_ids", [2**63], {}), ("logits", "token_ids", None, {})]
+
+
+@pytest.mark.parametrize("call,name,prompt,kw", BAD_API_CALLS)
+def test_api_bad_argument(stories_models, call, name, prompt, kw):
+    # Each gave a TypeError/ValueError/OverflowError, an AttributeError (a bad stop failed inside the
+    # engine and generate returned None), or a silently wrong answer ([1.5] ran as token 1, b"Once" as
+    # ids 79 110 ..., seed 2^64 as seed 0).
+    m = stories_models["fp32"]
+    kw = {"max_tokens": 2, **kw}
+    with pytest.raises(TinydetError) as e:
+        if call == "generate":
+            m.generate(prompt, **kw)
+        elif call == "stream":
+            list(m.stream(prompt, **kw))
+        elif call == "generate_batch":
+            m.generate_batch([{"prompt": prompt, **kw}])
+        elif call == "detokenize":
+            m.detokenize(prompt)
+        else:
+            m.logits(prompt)
+    assert str(e.value).startswith(f"{name}:") and one_line(e.value)
+
+
+def test_api_failure_inside_engine_raises_its_error(stories_models):
+    # NaN logits fail the request inside the engine: generate and generate_batch returned its result,
+    # None (AttributeError on .settings), and stream ended quietly as if it had finished.
+    m = stories_models["fp32"]
+
+    def poison(layer, op, pos, slots, rows):
+        if op == "logits":
+            rows[:] = np.nan
+
+    m.backend.hooks.append(poison)
+    try:
+        with pytest.raises(TinydetError, match="NaN"):
+            m.generate("Once", max_tokens=2)
+        with pytest.raises(TinydetError, match="NaN"):
+            list(m.stream("Once", max_tokens=2))
+        with pytest.raises(TinydetError, match="NaN"):
+            m.generate_batch([{"prompt": "Once", "max_tokens": 2}])
+    finally:
+        m.backend.hooks.remove(poison)
+
+
+def test_api_stop_string_is_not_split_into_characters(stories_models):
+    # stop="ab" went through tuple(), so generation stopped at the first "a" or "b".
+    m = stories_models["fp32"]
+    text = m.generate("Once upon", max_tokens=40).text
+    # A two-character stop whose first character occurs before it does: split, it would stop there.
+    k = next(k for k in range(1, len(text) - 1) if text.find(text[k:k + 2]) == k and text.find(text[k]) < k)
+    stop = text[k:k + 2]
+    assert m.generate("Once upon", max_tokens=40, stop=stop).text == text[:k]
+
+
+def test_api_numpy_arguments_accepted(stories_models):
+    # The checkers take what operator.index / numbers.Real take: numpy ids and scalars are not refused.
+    m = stories_models["fp32"]
+    ids = m.tokenize("Once upon")
+    want = m.generate(ids, max_tokens=4, temperature=0.7, top_k=5, seed=3)
+    got = m.generate(np.array(ids), max_tokens=np.int64(4), temperature=np.float64(0.7), top_k=np.int64(5),
+                     seed=np.uint64(3))
+    assert got.token_ids == want.token_ids and got.settings == want.settings
+    assert json.dumps(got.settings) == json.dumps(want.settings)  # plain ints and floats: the log's JSON
+
+
+def test_forward_refuses_non_integer_ids(stories_models):
+    # backends.base.plan_batch cast to int64: 1.5 ran as token 1, and 2^63 raised OverflowError.
+    b = stories_models["fp32"].backend
+    for ids in ([1.5], [2**63], ["7"]):
+        with pytest.raises(TinydetError) as e:
+            b.forward(ids, b.new_cache(1))
+        assert one_line(e.value)
+
+
+def _gguf_with(tmp_path, write, edits: dict):
+    src = tmp_path / "src.gguf"
+    write(src)
+    p = tmp_path / "m.gguf"
+    p.write_bytes(rewrite(src, edits))
+    return src, p
+
+
+def test_gguf_gemma3_per_layer_sliding_flags(tmp_path):
+    # The reader gives an array of bools or integers as an ndarray, which the hook took for neither a
+    # period nor a list of flags: per-layer flags were refused, and a long array's repr spans lines.
+    import gemma3gen
+
+    flags = np.array([(i + 1) % 6 != 0 for i in range(6)])  # the default period 6, layer by layer
+    src, p = _gguf_with(tmp_path, gemma3gen.write_gguf, {"gemma3.attention.sliding_window_pattern": flags})
+    assert gguf_config(GGUFFile(p))[1] == gguf_config(GGUFFile(src))[1]
+    p.write_bytes(rewrite(src, {"gemma3.attention.sliding_window_pattern": np.arange(3000, dtype=np.uint32)}))
+    with pytest.raises(ModelFormatError) as e:
+        gguf_config(GGUFFile(p))
+    assert e.value.field == "gemma3.attention.sliding_window_pattern" and one_line(e.value)
+
+
+def test_gguf_phi3_sliding_window_array(tmp_path):
+    import spmgen
+
+    _, p = _gguf_with(tmp_path, lambda q: spmgen.write_gguf(q, arch="phi3"),
+                      {"phi3.attention.sliding_window": np.arange(3000, dtype=np.uint32)})
+    with pytest.raises(ModelFormatError) as e:
+        gguf_config(GGUFFile(p))
+    assert e.value.field == "phi3.attention.sliding_window" and one_line(e.value)
+
+
+def test_api_top_k_past_int64(stories_models):
+    # top_k = 2^64 passed the check (an integer >= 0) and overflowed numba's int64 in sampling; any top_k
+    # past the vocabulary keeps every token, as top_k = vocabulary size does.
+    m = stories_models["fp32"]
+    want = m.generate("Once", max_tokens=4, temperature=0.9, top_k=m.config.vocab_size, seed=1)
+    assert m.generate("Once", max_tokens=4, temperature=0.9, top_k=2**64, seed=1).token_ids == want.token_ids
+
+
+@pytest.mark.parametrize("base", [-1.0, 0.0])
+def test_gguf_rope_freq_base_not_positive_with_rope_freqs(tmp_path, base):
+    # rope_freqs.weight was turned into Llama 3 parameters from the base before validate() checked
+    # it: log(base) raised ZeroDivisionError (fuzz/crashes/gguf).
+    import qwen2gen
+
+    _, p = _gguf_with(tmp_path, lambda q: qwen2gen.write_gguf(q, arch="llama3"), {"llama.rope.freq_base": base})
+    with pytest.raises(ModelFormatError) as e:
+        gguf_config(GGUFFile(p))
+    assert e.value.field == "llama.rope.freq_base" and one_line(e.value)

@@ -7,6 +7,7 @@ import os
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -14,11 +15,13 @@ import numpy as np
 from . import memory
 from .backends import Backend, load_backend
 from .engine import Engine, Generation, Request, check_context, generate, generate_batch, stream
+from .engine.sequence import check_stop
 from .errors import TinydetError
 from .formats import open_checkpoint
 from .hashing import file_sha256, hash_ids
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
+from .tokenizer.core import TokenTypeError
 
 
 class Model:
@@ -59,7 +62,18 @@ class Model:
         return self.tokenizer.encode(text, add_special=add_special)
 
     def detokenize(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids))
+        return self.tokenizer.decode(self._ids(ids, "ids"))
+
+    def _ids(self, ids, name: str) -> list[int]:
+        """`ids` as a list of this model's token ids (the tokenizer's own check: 1.5, "7" and True are not
+        ids), else a one-line TokenTypeError/TokenInputError naming the argument."""
+        # bytes iterate as ints and a dict as its keys: neither is a list of token ids.
+        if isinstance(ids, (str, bytes, bytearray)) or not isinstance(ids, (Sequence, np.ndarray)):
+            raise TokenTypeError(f"{name}: expected a list of token ids, found {repr(ids)[:40]}")
+        try:
+            return [self.tokenizer._check_id(i) for i in ids]
+        except TinydetError as e:
+            raise type(e)(f"{name}: {e}") from None
 
     def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         """Token ids for a prompt: text is tokenized; an empty prompt means "start from BOS"."""
@@ -69,21 +83,20 @@ class Model:
                     raise TinydetError("prompt: empty, and the model has no BOS token to start from")
                 return [self.tokenizer.bos_id]
             return self.tokenize(prompt)
-        ids = [int(i) for i in prompt]
+        ids = self._ids(prompt, "prompt")
         if not ids:
             return self.prompt_ids("")
         return ids
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """float32 logits (len(token_ids), vocab) of a full causal pass from an empty cache."""
-        ids = list(token_ids)
+        ids = self._ids(token_ids, "token_ids")
         check_context(len(ids), 0, self.config.context_length)
         cache = self.backend.new_cache(len(ids))
         return self.backend.forward(ids, cache, all_logits=True)
 
     def _params(self, temperature, top_k, top_p, min_p, seed) -> SamplingParams:
-        return SamplingParams(temperature=float(temperature), top_k=top_k, top_p=float(top_p),
-                              min_p=float(min_p), seed=seed)
+        return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
 
     SETTINGS = ("prompt", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop")
 
@@ -93,7 +106,7 @@ class Model:
         """An engine `Request` with generate()'s settings (`logits`: events carry their logits rows;
         `prompt_logits`: also the rows predicting the prompt's tokens)."""
         return Request(self.prompt_ids(prompt), self._params(temperature, top_k, top_p, min_p, seed), max_tokens,
-                       tuple(stop or ()), logits, prompt_logits)
+                       check_stop(stop), logits, prompt_logits)
 
     def engine(self, max_batch: int = 8, step_tokens: int | None = None, prefix_cache_bytes: int = 0) -> Engine:
         """A step-wise engine over this model (submit / step / cancel; see `engine.scheduler`), with a
@@ -145,7 +158,8 @@ class Model:
             f.write(json.dumps(record) + "\n")
 
     def _settings(self, params: SamplingParams, max_tokens: int, stop) -> dict:
-        return dict(max_tokens=max_tokens, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+        # int(): check_request took any integer (a numpy one too); the log writes these as JSON.
+        return dict(max_tokens=int(max_tokens), temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
                     min_p=params.min_p, seed=params.seed, stop=list(stop or []), dtype=self.dtype,
                     threads=self.threads)
 
@@ -157,6 +171,8 @@ class Model:
         alone."""
         reqs = []
         for i, r in enumerate(requests):
+            if not isinstance(r, Mapping):
+                raise TinydetError(f"requests[{i}]: expected a dict of generate()'s settings, found {repr(r)[:40]}")
             unknown = set(r) - set(self.SETTINGS)
             if unknown:
                 raise TinydetError(f"requests[{i}]: unknown settings {sorted(unknown)} (allowed: {sorted(self.SETTINGS)})")

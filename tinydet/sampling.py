@@ -10,6 +10,8 @@ run left to right over the candidates sorted by logit (stable, ties to the lower
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +36,35 @@ def uniform(seed: int, position: int) -> float:
     return (h >> 11) * (1.0 / (1 << 53))
 
 
+def check_int(name: str, value, least: int, below: int | None = None, what: str | None = None) -> int:
+    """`value` as an int in [least, below), else a one-line TinydetError naming `name`. operator.index,
+    not int(): int() would take 2.7 as 2 and "3" as 3; a bool is refused (True is not a count)."""
+    what = what or f"an integer >= {least}"
+    try:
+        if isinstance(value, (bool, np.bool_)):
+            raise TypeError
+        v = operator.index(value)
+    except TypeError:
+        raise TinydetError(f"{name}: expected {what}, found {repr(value)[:40]}") from None
+    if v < least or (below is not None and v >= below):
+        raise TinydetError(f"{name}: expected {what}, found {repr(value)[:40]}")
+    return v
+
+
+def check_real(name: str, value, low: float, high: float, what: str, open_low: bool = False) -> float:
+    """`value` as a finite float in [low, high] ((low, high] when `open_low`), else a one-line
+    TinydetError naming `name`. Strings are refused (float("1") would take them), and so are bools."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TinydetError(f"{name}: expected {what}, found {repr(value)[:40]}")
+    try:
+        v = float(value)
+    except OverflowError:  # an int past float's range
+        v = math.inf
+    if not (math.isfinite(v) and (low < v if open_low else low <= v) and v <= high):
+        raise TinydetError(f"{name}: expected {what}, found {repr(value)[:40]}")
+    return v
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.0
@@ -43,16 +74,13 @@ class SamplingParams:
     seed: int = 0
 
     def __post_init__(self):
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise TinydetError(f"temperature: expected a finite number >= 0, found {self.temperature!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise TinydetError(f"top_k: expected an integer >= 0 (0 = off), found {self.top_k!r}")
-        if not 0 < self.top_p <= 1:
-            raise TinydetError(f"top_p: expected a number in (0, 1], found {self.top_p!r}")
-        if not 0 <= self.min_p <= 1:
-            raise TinydetError(f"min_p: expected a number in [0, 1], found {self.min_p!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise TinydetError(f"seed: expected an integer >= 0, found {self.seed!r}")
+        # Frozen, so the checked values (plain float and int: JSON-ready for logs) go in by __setattr__.
+        put = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
+        put("temperature", check_real("temperature", self.temperature, 0, math.inf, "a finite number >= 0"))
+        put("top_k", check_int("top_k", self.top_k, 0, what="an integer >= 0 (0 = off)"))
+        put("top_p", check_real("top_p", self.top_p, 0, 1, "a number in (0, 1]", open_low=True))
+        put("min_p", check_real("min_p", self.min_p, 0, 1, "a number in [0, 1]"))
+        put("seed", check_int("seed", self.seed, 0, 1 << 64, "an integer in [0, 2^64)"))
 
     @property
     def greedy(self) -> bool:
@@ -113,6 +141,7 @@ def sample(logits: np.ndarray, params: SamplingParams, position: int) -> int:
     if params.greedy:
         return int(_argmax(row))
     order = np.argsort(-row, kind="stable")  # comparisons only: exact on every machine
-    i = _draw(row[order], params.temperature, params.top_k, params.top_p, params.min_p,
+    # top_k past the vocabulary keeps every token, as top_k == len(row) does; clamped so numba's int64 takes it.
+    i = _draw(row[order], params.temperature, min(params.top_k, row.shape[0]), params.top_p, params.min_p,
               uniform(params.seed, position))
     return int(order[i])

@@ -86,7 +86,11 @@ def plan_batch(items: Sequence[tuple], cache: KVCache, vocab_size: int, all_logi
     ids_l, pos_l, slot_l, spans, rows = [], [], [], [], []
     seen, t = set(), 0
     for item in items:
-        slot, toks = item[0], np.asarray(item[1], np.int64).reshape(-1)
+        slot, toks = item[0], np.asarray(item[1]).reshape(-1)
+        # Integers only: casting to int64 would take 1.5 as token 1, and ids past int64 would overflow.
+        if toks.shape[0] and toks.dtype.kind not in "iu":
+            raise TinydetError(f"forward: token ids must be integers, found {toks.dtype} values")
+        toks = toks.astype(np.int64, copy=False)
         want = item[2] if len(item) > 2 else ("all" if all_logits else "last")
         if want not in LOGITS:
             raise TinydetError(f"forward: logits must be one of {', '.join(LOGITS)}, found {want!r}")

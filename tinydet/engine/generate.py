@@ -22,12 +22,14 @@ def stream(backend: Backend, tokenizer, request: Request) -> Iterator[Event]:
     engine, handle = _solo(backend, tokenizer, request)
     while not handle.finished:
         yield from engine.step()
+    if handle.error is not None:  # the request failed inside the engine (say, NaN logits): no last event
+        raise handle.error
 
 
 def generate(backend: Backend, tokenizer, request: Request) -> Generation:
     engine, handle = _solo(backend, tokenizer, request)
     engine.run()
-    return handle.result
+    return handle.wait()  # the engine's error if the request failed (its result is None then)
 
 
 def generate_batch(backend: Backend, tokenizer, requests: Sequence[Request], max_batch: int = 8,
@@ -46,4 +48,4 @@ def generate_batch(backend: Backend, tokenizer, requests: Sequence[Request], max
                     capacity=max(len(r.prompt_ids) + r.max_tokens for r in requests))
     handles = [engine.submit(r) for r in requests]
     engine.run()
-    return [h.result for h in handles]
+    return [h.wait() for h in handles]  # the first failed request's error, as generate() would raise

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import ContextLengthError, TinydetError
 from ..hashing import hash_ids
-from ..sampling import SamplingParams
+from ..sampling import SamplingParams, check_int
 
 FINISH_REASONS = ("stop", "length", "cancelled")
 
@@ -76,12 +76,24 @@ def check_context(n_prompt: int, max_tokens: int, context_length: int) -> None:
             f"{context_length} tokens (at most {context_length - n_prompt} new tokens fit)")
 
 
+def check_stop(stop, name: str = "stop") -> tuple[str, ...]:
+    """Stop strings as a tuple: None is none, a str is one stop string (not its characters)."""
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,)
+    if isinstance(stop, Sequence) and not isinstance(stop, (bytes, bytearray)):
+        if all(isinstance(s, str) for s in stop):
+            return tuple(stop)
+    raise TinydetError(f"{name}: expected a string or a list of strings, found {repr(stop)[:40]}")
+
+
 def check_request(r: Request, context_length: int, where: str = "") -> None:
     """Raise TinydetError (naming `where`'s fields) unless the request can run."""
     if not r.prompt_ids:
         raise TinydetError(f"{where}prompt: no tokens to start from")
-    if isinstance(r.max_tokens, bool) or not isinstance(r.max_tokens, int) or r.max_tokens < 1:
-        raise TinydetError(f"{where}max_tokens: expected at least 1, found {r.max_tokens!r}")
+    check_int(f"{where}max_tokens", r.max_tokens, 1, what="an integer >= 1")
+    check_stop(r.stop, f"{where}stop")
     check_context(len(r.prompt_ids), r.max_tokens, context_length)
 
 
@@ -106,7 +118,7 @@ class SequenceState:
             raise TinydetError(f"max_tokens: expected at least 1, found {max_tokens}")
         self.prompt_ids = list(prompt_ids)
         self.params, self.max_tokens = params, max_tokens
-        self.stops = [s for s in (stop or ()) if s]
+        self.stops = [s for s in check_stop(stop) if s]
         self.eos = set(tokenizer.eos_ids)
         self.decoder = tokenizer.stream(self.prompt_ids)  # text continues the prompt (SentencePiece spaces)
         self.text, self.emitted = "", 0
