@@ -164,6 +164,25 @@ def test_hf_generation_config_empty_bos_list(llama3_hf_dir, tmp_path):
     assert e.value.field == "bos_token_id" and str(tmp_path / "generation_config.json") in str(e.value)
 
 
+@pytest.mark.parametrize("key", ["bos_token", "eos_token", "unk_token", "pad_token"])
+def test_hf_special_token_lone_surrogate(llama3_hf_dir, tmp_path, key):
+    # Found by the hf_dir target: tokenizer_config.json's "\\ud800" (valid JSON, not valid UTF-8)
+    # reached tokenizers' token_to_id and escaped as a UnicodeEncodeError.
+    from tinydet.tokenizer.hf import read_hf_tokenizer
+
+    for f in llama3_hf_dir.iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    tc = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    tc[key] = {"content": "\ud800", "lstrip": False} if key == "eos_token" else "\ud800"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(tc))
+    if key in ("unk_token", "pad_token"):  # optional tokens: a malformed one is ignored, not an escape
+        assert read_hf_tokenizer(tmp_path).vocab_size > 0
+        return
+    with pytest.raises(ModelFormatError) as e:
+        read_hf_tokenizer(tmp_path)
+    assert e.value.field == key and "valid Unicode" in str(e.value) and one_line(e.value)
+
+
 @pytest.mark.parametrize("ids", [[1.5], ["7"], [None], [True], [512], [-1], [2**63]])
 def test_decode_bad_ids_are_tinydet_errors(stories_path, ids):
     # Found through Model.detokenize: int() took 1.5 as token 1 and "7" as token 7 (a silently wrong

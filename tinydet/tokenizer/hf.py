@@ -29,6 +29,16 @@ def _token_text(v: Any) -> str | None:
     return ""  # malformed: the caller reports it
 
 
+def _is_unicode(text: str) -> bool:
+    """False for a string JSON can hold but UTF-8 cannot (a lone surrogate escape, "\\ud800"), which
+    tokenizers' Rust side cannot take."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _chat_template(v: Any, path: Path) -> str | None:
     if v is None or isinstance(v, str):
         return v
@@ -89,8 +99,9 @@ def read_hf_tokenizer(path: str | Path, raw_config: dict | None = None) -> Token
         text = _token_text(tc.get(key))
         if text is None:
             return None
-        if text == "":
-            raise ModelFormatError(tcpath, key, f"expected a token string or an AddedToken object, found {tc[key]!r}")
+        if text == "" or not _is_unicode(text):
+            raise ModelFormatError(tcpath, key, "expected a token string (valid Unicode) or an AddedToken object, "
+                                                f"found {tc[key]!r}")
         tid = hf.token_to_id(text)
         if tid is None:
             raise ModelFormatError(tcpath, key, f"token {text!r} is not in tokenizer.json's vocabulary")
@@ -144,6 +155,6 @@ def read_hf_tokenizer(path: str | Path, raw_config: dict | None = None) -> Token
         tok.chat_template = _chat_template(tc.get("chat_template"), tcpath)
     for attr, key in (("unk_id", "unk_token"), ("pad_id", "pad_token")):
         text = _token_text(tc.get(key))
-        if text:
+        if text and _is_unicode(text):  # optional: a malformed one is ignored, as a malformed dict is
             setattr(tok, attr, hf.token_to_id(text))
     return tok
