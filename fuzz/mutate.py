@@ -311,3 +311,171 @@ def mutate_toml(rng: random.Random, text: str) -> bytes:
     else:
         return mutate_bytes(rng, text.encode())
     return ("\n".join(lines) + "\n").encode()
+
+
+# ---------------------------------------------------------------------------- chat templates
+
+# Jinja that runs away, reaches for Python internals, fails or does not parse; "@N@" is replaced by
+# a boundary integer (or a size just past chat.MAX_CHARS).
+JINJA_CONSTRUCTS = [
+    "{% for i in range(@N@) %}{% endfor %}",
+    "{% for i in range(@N@) %}{% for j in range(@N@) %}x{% endfor %}{% endfor %}",
+    "{% for m in messages %}{% for c in m.content * @N@ %}{{ c }}{% endfor %}{% endfor %}",
+    "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+    "{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(@N@) }}",
+    "{% macro f() %}{{ caller() }}{% endmacro %}{% call f() %}{{ f() }}{% endcall %}",
+    "{{ 'x' * @N@ }}", "{{ [1] * @N@ }}", "{{ (messages * @N@)|length }}", "{{ messages[0]['content'] * @N@ }}",
+    "{{ ('x' * 8000000)|list|length }}", "{{ ('x' * 8000000)|sort|first }}", "{{ ('x' * 4000000)|unique|list }}",
+    "{% set ns = namespace(l=[]) %}{% for i in range(@N@) %}{% set ns.l = ns.l + ['x' * 4000000] %}{% endfor %}",
+    "{% set ns = namespace(s='x') %}{% for i in range(@N@) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+    "{% set ns = namespace(s='x') %}{% for i in range(@N@) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+    "{% set ns = namespace(x=7) %}{% for i in range(@N@) %}{% set ns.x = ns.x * ns.x %}{% endfor %}",
+    "{{ ''.__class__ }}", "{{ ''.__class__.__mro__[1].__subclasses__() }}", "{{ cycler.__init__.__globals__ }}",
+    "{{ joiner.__init__.__globals__.os }}", "{{ namespace.mro() }}", "{{ lipsum.__globals__ }}",
+    "{{ raise_exception.__globals__['__builtins__'] }}", "{{ messages|attr('__class__') }}", "{{ self.__dict__ }}",
+    "{{ messages.__class__.__base__.__subclasses__() }}", "{{ ''['__class__'] }}", "{{ (1).__class__.mro() }}",
+    "{{ messages.pop() }}", "{{ messages.append(1) }}", "{{ {}.update(a=1) }}", "{{ strftime_now.__code__ }}",
+    "{% set c = cycler(*range(@N@)) %}{{ c.next() }}{{ c.current }}", "{% set j = joiner('x' * @N@) %}{{ j() }}{{ j() }}",
+    "{% set ns = namespace(a=@N@) %}{{ ns.a * ns.a }}", "{{ namespace(**{'x' * @N@: 1}) }}",
+    "{{ 'x'|center(@N@) }}", "{{ 'a\n'|indent(@N@) }}", "{{ 'x'|truncate(@N@) }}", "{{ ('x ' * 1000)|wordwrap(@N@) }}",
+    "{{ range(@N@)|batch(@N@)|list }}", "{{ range(@N@)|list|length }}", "{{ range(@N@)|join(',') }}",
+    "{{ range(@N@)|sum }}", "{{ range(@N@)|sort|first }}", "{{ range(@N@)|slice(@N@)|list }}",
+    "{{ range(@N@)|map('string')|join }}", "{{ messages|groupby('role') }}", "{{ messages|tojson(indent=@N@) }}",
+    "{{ '%s'|format('x' * @N@) }}", "{{ '%*d' % (@N@, 1) }}", "{{ '%.*f' % (@N@, 1.5) }}", "{{ '{:@N@}'.format(1) }}",
+    "{{ '{0:{1}}'.format(1, @N@) }}", "{{ 'x'.ljust(@N@) }}", "{{ 'x'.zfill(@N@) }}", "{{ '\t'.expandtabs(@N@) }}",
+    "{{ 'x'.replace('', 'y' * @N@) }}", "{{ ('y' * 100000).join(['a'] * @N@) }}", "{{ @N@ ** @N@ }}",
+    "{{ 2 ** @N@ }}", "{{ @N@ * @N@ * @N@ * @N@ }}", "{{ 1 / 0 }}", "{{ @N@ // 0 }}", "{{ @N@ % 0 }}",
+    "{{ @N@|string|length }}", "{{ (@N@ * 1.0)|int }}", "{{ 1e308 * 10 }}", "{{ (1e308 * 10)|int }}",
+    "{{ lipsum(@N@) }}", "{{ lipsum(1, True, @N@, @N@) }}", "{{ x|default('y' * @N@) }}", "{{ range(1, 2, 0) }}",
+    "{{ messages|selectattr('role', 'equalto', 'user')|list }}", "{{ messages|map(attribute='nope')|list }}",
+    "{{ messages|sum(attribute='content') }}", "{{ messages|dictsort }}", "{{ messages|max }}", "{{ messages[@N@] }}",
+    "{{ messages[0]['content'][@N@:@N@] }}", "{{ messages[0]['content'][::0] }}", "{{ 'x'|int(base=@N@) }}",
+    "{{ raise_exception('stop') }}", "{{ raise_exception() }}", "{{ raise_exception('a\nb') }}",
+    "{{ raise_exception(messages) }}", "{{ raise_exception(@N@) }}", "{{ raise_exception('x' * @N@) }}",
+    "{{ undefined_name }}", "{{ undefined_name.x.y }}", "{{ undefined_name() }}", "{{ undefined_name|length }}",
+    "{% for x in undefined_name %}{% endfor %}", "{{ messages[0].nope.nope }}", "{{ messages[0]['content']() }}",
+    "{{ strftime_now('%d' * @N@) }}", "{{ strftime_now(@N@) }}", "{{ strftime_now('%') }}",
+    "{% if %}", "{% for %}", "{% endfor %}", "{% endif %}", "{% else %}", "{{", "}}", "{%", "%}", "{#", "{% raw %}",
+    "{% macro %}", "{% set %}", "{% break %}", "{% continue %}", "{% include 'x' %}", "{% extends 'x' %}",
+    "{% import 'x' as y %}", "{% from 'x' import y %}", "{% filter upper %}", "{% block b %}{% endblock %}",
+    "{% with a = 1 %}", "{% endwith %}", "{% call %}", "{{ x | nofilter }}", "{{ x is notatest }}", "{% do 1 %}",
+    "{{ " + "(" * 400 + "1" + ")" * 400 + " }}", "{{ " + "[" * 400 + "]" * 400 + " }}", "{% if 1 %}" * 300 + "{% endif %}" * 300,
+    "{{ " + " + ".join(["1"] * 3000) + " }}", "{{ " + "-" * 3000 + "1 }}", "{% set x = " + "not " * 2000 + "1 %}",
+]
+TEMPLATE_SUFFIXES = [" * @N@", "|center(@N@)", "|indent(@N@)", ".__class__", "['__class__']", "|attr('__init__')",
+                     "|list", "|tojson(indent=@N@)", "|sort", "|join(' ' * @N@)", "|batch(@N@)|list", "|slice(@N@)|list",
+                     "|truncate(@N@)", "|wordwrap(@N@)", "|replace('', 'x' * @N@)", "|format(@N@)", "|int", "|float",
+                     " ** @N@", "|string * @N@", "|first", "|last", "|random", "|trim * @N@", " ~ undefined_name",
+                     "|unknownfilter", " + @N@", "[@N@]", ".nope", "()", "|tojson|length", "|length * @N@"]
+TEMPLATE_CHARS = "{}%#-+~|()[]'\".,:=*/ \n\\xi0"
+CHAT_SIZES = [0, 1, 2, 10, 100, 1000, 10**5, 10**6, 8 << 20, (8 << 20) + 1, 10**9, 2**31, 2**63 - 1, -1, -(2**63)]
+
+
+def _construct(rng: random.Random, text: str) -> str:
+    while "@N@" in text:
+        text = text.replace("@N@", str(rng.choice(CHAT_SIZES) if rng.random() < 0.7 else boundary_int(rng)), 1)
+    return text
+
+
+def _tag_points(template: str) -> list[int]:
+    """Where tags and expressions start or end: the places jinja constructs and splices fit."""
+    return [0, len(template)] + [i for i in range(len(template)) if template.startswith(("{{", "{%", "{#"), i)] + [
+        i + 2 for i in range(len(template)) if template.startswith(("}}", "%}", "#}"), i)]
+
+
+def mutate_template(rng: random.Random, templates: list[str]) -> str:
+    """A real template with characters flipped, fragments of two templates spliced, a jinja construct
+    inserted between tags, a filter or operator appended to an expression, or a closing tag dropped."""
+    t = rng.choice(templates)
+    for _ in range(rng.randint(1, 3)):
+        op = rng.randrange(6)
+        if op == 0 and t:
+            for _ in range(rng.randint(1, 6)):
+                i = rng.randrange(len(t))
+                kind = rng.randrange(3)
+                if kind == 0:
+                    t = t[:i] + rng.choice(TEMPLATE_CHARS) + t[i + 1:]
+                elif kind == 1:
+                    t = t[:i] + t[i + rng.randint(1, 16):]
+                else:
+                    t = t[:i] + t[i:i + rng.randint(1, 32)] + t[i:]
+        elif op == 1:
+            u = rng.choice(templates)
+            t = t[:rng.choice(_tag_points(t))] + u[rng.choice(_tag_points(u)):]
+        elif op in (2, 3):
+            i = rng.choice(_tag_points(t))
+            t = t[:i] + _construct(rng, rng.choice(JINJA_CONSTRUCTS)) + t[i:]
+        elif op == 4:
+            ends = [i for i in range(len(t)) if t.startswith("}}", i)]
+            if ends:
+                i = rng.choice(ends)
+                i -= t[i - 1:i] == "-"
+                t = t[:i] + _construct(rng, rng.choice(TEMPLATE_SUFFIXES)) + " " + t[i:]
+        else:
+            tags = [i for i in range(len(t)) if t.startswith(("{%", "{{", "}}", "%}"), i)]
+            if tags:
+                i = rng.choice(tags)
+                end = t.find("}", i + 2) if rng.random() < 0.5 else -1  # the whole tag, or its opener
+                t = t[:i] + t[(end + 1 if end > 0 else i + 2):]
+    if rng.random() < 0.05:
+        t = mutate_bytes(rng, t.encode("utf-8", "surrogatepass")).decode("utf-8", "replace")
+    if rng.random() < 0.02:
+        t = t[:len(t) // 2] + "\ud800" + t[len(t) // 2:]  # a lone surrogate (valid in tokenizer_config.json)
+    return t
+
+
+CHAT_ROLES = ["system", "user", "assistant", "tool", "", "System", "ipython", "tool_results", "model", "developer",
+              None, 5, ["user"], {"role": "user"}, "x" * 1000, "\u0000", "\ud800"]
+
+
+def _content(rng: random.Random):
+    return rng.choice(["", "Hi", " padded\n ", "\u0000", "\ud800", "{{ messages }}", "{% for %}", "<|im_end|>",
+                       "x" * rng.choice((1000, 100_000, 1_000_000)), None, 5, 1.5, True, [], {},
+                       [{"type": "text", "text": "hi"}, {"type": "image"}], {"content": "x"},
+                       _nested(rng.randint(1, 400)), ["a"] * 1000])
+
+
+def _nested(depth: int):
+    v: object = "x"
+    for _ in range(depth):
+        v = [v] if depth % 2 else {"a": v}
+    return v
+
+
+def _tool_call(rng: random.Random):
+    return rng.choice([{"id": "abcdefghi", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}},
+                       {"function": {"name": "x" * 10000, "arguments": _nested(rng.randint(1, 400))}},
+                       {"id": 5, "function": None}, {}, "call", None,
+                       {"id": "abcdefghi", "function": {"name": "f", "arguments": "{\"x\": 1}"}}])
+
+
+def mutate_messages(rng: random.Random, conversations: list[list[dict]]):
+    """A real conversation with roles replaced, content removed or of another type, huge or nested,
+    tool calls and tool results added, messages dropped, duplicated or shuffled; or not a list at all."""
+    if rng.random() < 0.03:
+        return rng.choice([[], None, 5, "user", {"role": "user", "content": "hi"}, [None], [[]], ["hi"]])
+    msgs = [dict(m) for m in rng.choice(conversations)]
+    for _ in range(rng.randint(0, 3)):
+        if not msgs:
+            break
+        m = msgs[rng.randrange(len(msgs))]
+        op = rng.randrange(8)
+        if op == 0:
+            m["role"] = rng.choice(CHAT_ROLES)
+        elif op == 1:
+            m.pop(rng.choice(["role", "content"]), None)
+        elif op in (2, 3):
+            m["content"] = _content(rng)
+        elif op == 4:
+            m["tool_calls"] = rng.choice([[_tool_call(rng)], [_tool_call(rng), _tool_call(rng)], [], None, "x"])
+        elif op == 5:
+            m.update(rng.choice([{"role": "tool", "tool_call_id": "abcdefghi"}, {"tool_call_id": 5},
+                                 {"name": "f"}, {"tools": [{"function": {"name": "f"}}]}, {"__class__": "x"}]))
+        elif op == 6:
+            i = rng.randrange(len(msgs))
+            msgs.insert(i, dict(msgs[i]))
+        else:
+            rng.shuffle(msgs)
+    if rng.random() < 0.05 and len(json.dumps(msgs)) < 10_000:  # long conversations, not gigabyte files
+        msgs = msgs * rng.choice((100, 1000))
+    return msgs

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from tinydet.errors import TinydetError
 
-from mutate import (gguf_fields, mutate_bytes, mutate_gguf_field, mutate_gguf_model, mutate_json, mutate_toml,
-                    parse_seed, _paths)
+from mutate import (gguf_fields, mutate_bytes, mutate_gguf_field, mutate_gguf_model, mutate_json, mutate_messages,
+                    mutate_template, mutate_toml, parse_seed, _paths)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -388,4 +388,69 @@ class API(Target):
             m.logits(prompt)
 
 
-TARGETS = {t.name: t for t in (GGUF(), LoadGGUF(), Safetensors(), HFDir(), Manifest(), CLI(), API())}
+def chat_templates() -> dict[str, str]:
+    """The real chat templates at hand: those the seed GGUFs carry (Qwen2/Qwen3's ChatML, Llama 3.2's,
+    Gemma 3's, Mistral's, Phi-3's, from the tests' generators) and SmolLM2's from the test cache when a
+    test run has fetched it (never fetched here)."""
+    from tinydet.formats.gguf import GGUFFile
+
+    out = {}
+    for p in gguf_seeds():
+        t = GGUFFile(p).metadata.get("tokenizer.chat_template")
+        if isinstance(t, str):
+            out[p.stem] = t
+    test_cache = Path(os.environ.get("TINYDET_TEST_CACHE", Path.home() / ".cache" / "tinydet" / "test-models"))
+    smollm = test_cache / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if smollm.exists():
+        out["smollm2"] = GGUFFile(smollm).metadata["tokenizer.chat_template"]
+    return out
+
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hi"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+     {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Sky colour?"}],
+    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}],
+    [{"role": "user", "content": "Weather?"},
+     {"role": "assistant", "content": "", "tool_calls": [
+         {"id": "abcdefghi", "type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}]},
+     {"role": "tool", "content": "sunny", "tool_call_id": "abcdefghi"}, {"role": "user", "content": "Thanks"}],
+]
+
+
+class ChatTemplate(Target):
+    """render_chat (what Model.chat_prompt and the server call) on mutated real chat templates and
+    mutated conversations: a str, or a ChatTemplateError / TinydetError."""
+    name = "chat_template"
+    # The render's own time bound, shortened as tests/test_safety.py does: the mechanism is the same at
+    # chat.MAX_SECONDS, and runaway inputs (a good share) then cost a quarter second, not five.
+    render_seconds = 0.25
+
+    @cached_property
+    def seeds(self):
+        return list(chat_templates().values())
+
+    def make(self, rng):
+        template = mutate_template(rng, self.seeds) if rng.random() < 0.9 else rng.choice(self.seeds)
+        messages = mutate_messages(rng, CONVERSATIONS) if rng.random() < 0.5 else rng.choice(CONVERSATIONS)
+        spec = {"template": template, "messages": messages,
+                "bos_token": rng.choice(["", "<s>", "<bos>", "<|begin_of_text|>", "{{ x }}", "\ud800", "b" * 10000]),
+                "eos_token": rng.choice(["", "</s>", "<eos>", "<|im_end|>"]),
+                "add_generation_prompt": rng.choice([True, False, True, None, 0, "no"])}
+        return {"chat.json": json.dumps(spec).encode()}  # ASCII: lone surrogates survive as escapes
+
+    def run(self, case):
+        from tinydet import chat
+
+        spec = json.loads(case_path(case, "chat.json").read_text())
+        old, chat.MAX_SECONDS = chat.MAX_SECONDS, self.render_seconds
+        try:
+            out = chat.render_chat(spec["template"], spec["messages"], bos_token=spec["bos_token"],
+                                   eos_token=spec["eos_token"], add_generation_prompt=spec["add_generation_prompt"])
+        finally:
+            chat.MAX_SECONDS = old
+        if not isinstance(out, str):
+            raise RuntimeError(f"render_chat returned a {type(out).__name__}")
+
+
+TARGETS = {t.name: t for t in (GGUF(), LoadGGUF(), Safetensors(), HFDir(), Manifest(), CLI(), API(), ChatTemplate())}

