@@ -80,6 +80,7 @@ def worker(stage: str, a) -> dict:
     out: dict = {"stage": stage}
     marks = out["marks"] = {}
     import tinydet
+    import tinydet.api  # noqa: F401 - `import tinydet` defers the library (and NumPy, numba) to first use
 
     out["tinydet"] = str(Path(tinydet.__file__).resolve().parent)
     marks["import"] = status()

@@ -4,6 +4,8 @@
         --llama-server /path/to/llama-server [--clients 1,4,8,16] [--requests 3] [--rounds 3] [--threads 2] \\
         [--engines tinydet:fp32,tinydet:fp16,tinydet:native,llama:F32,llama:F16,llama:Q4_1] [--json OUT]
 
+An engine may carry options of its own after @, joined by +: `tinydet:fp16@--prefill-chunk=512`.
+
 For each concurrency level C and round, every engine is started in turn (the order rotating each
 round) as a fresh server process with C slots (`llama-server -np C`, `tinydet serve --max-batch C`),
 `--threads` threads, on 127.0.0.1; C client threads then each send the same fixed list of
@@ -58,11 +60,19 @@ def prompts(tokenizer_model: str, n: int, length: int = 128) -> list[list[int]]:
     return [ids[1 + 40 * i: 1 + 40 * i + length] for i in range(n)]
 
 
+def parse_spec(spec: str) -> tuple[str, str, list[str]]:
+    """'tinydet:fp16@--prefill-chunk=512+--max-queue=9' -> ('tinydet', 'fp16', [options]): an engine
+    and, after @, options of its own (so two settings of one engine can be compared in one run)."""
+    head, _, extra = spec.partition("@")
+    kind, what = head.split(":")
+    return kind, what, extra.split("+") if extra else []
+
+
 class Server:
     def __init__(self, spec: str, files: dict, clients: int, threads: int, llama_server: str | None,
                  tinydet_args: str = ""):
         self.spec, self.port = spec, free_port()
-        kind, what = spec.split(":")
+        kind, what, extra = parse_spec(spec)
         if kind == "llama":
             ctx = max(4096, clients * 256)
             cmd = [llama_server, "-m", files[what], "-np", str(clients), "-t", str(threads), "-tb", str(threads),
@@ -71,7 +81,7 @@ class Server:
             f = files["Q4_1"] if what == "native" else files["F32"]
             cmd = [sys.executable, "-m", "tinydet", "serve", "--model", f, "--dtype", what, "--threads",
                    str(threads), "--max-batch", str(clients), "--max-queue", "1024", "--port", str(self.port),
-                   "--canary-interval", "0", "--served-model-name", "m", *tinydet_args.split()]
+                   "--canary-interval", "0", "--served-model-name", "m", *tinydet_args.split(), *extra]
         self.cmd = cmd
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.url = f"http://127.0.0.1:{self.port}"
@@ -94,11 +104,11 @@ class Server:
             self.proc.kill()
 
 
-def one_request(url: str, ids: list[int], new_tokens: int) -> dict:
+def one_request(http: httpx.Client, url: str, ids: list[int], new_tokens: int) -> dict:
     body = {"model": "m", "prompt": ids, "max_tokens": new_tokens, "temperature": 0, "logprobs": 1, "stream": True}
     t0 = time.perf_counter()
     stamps, text, lps = [], [], []
-    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as r:
+    with http.stream("POST", f"{url}/v1/completions", json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -115,18 +125,33 @@ def one_request(url: str, ids: list[int], new_tokens: int) -> dict:
 
 def run_level(url: str, reqs: list[list[list[int]]], new_tokens: int) -> tuple[float, list[dict]]:
     results: list[list[dict]] = [[] for _ in reqs]
+    # One HTTP client per simulated user, made before the clock starts: making one builds an SSL
+    # context (~20 ms of CPU), which is neither server's work and would run on the cores they share.
+    # A new connection per request (cheap on 127.0.0.1): llama-server closes kept-alive ones at
+    # times just as the next request goes out.
+    https = [httpx.Client(timeout=600, limits=httpx.Limits(max_keepalive_connections=0)) for _ in reqs]
+    errors: list[BaseException] = []
 
     def client(i):
-        for ids in reqs[i]:
-            results[i].append(one_request(url, ids, new_tokens))
+        try:
+            for ids in reqs[i]:
+                results[i].append(one_request(https[i], url, ids, new_tokens))
+        except BaseException as e:  # noqa: BLE001 - a lost request voids the level
+            errors.append(e)
 
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(reqs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return time.perf_counter() - t0, [r for per in results for r in per]
+    try:
+        t0 = time.perf_counter()
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(len(reqs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise RuntimeError(f"{len(errors)} of {len(reqs)} clients failed: {errors[0]!r}")
+        return time.perf_counter() - t0, [r for per in results for r in per]
+    finally:
+        for h in https:
+            h.close()
 
 
 def batch_tps(model: str, dtype: str, threads: int, flat: list[list[int]], clients: int, new_tokens: int) -> float:
@@ -160,6 +185,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--engines", default="llama:F32,tinydet:fp32,llama:F16,tinydet:fp16,llama:Q4_1,tinydet:native")
     ap.add_argument("--no-batch", action="store_true", help="skip the generate_batch comparison")
+    ap.add_argument("--batch-every-round", action="store_true",
+                    help="run generate_batch in every round (default: the first), its ratio the median of the rounds'")
     ap.add_argument("--tinydet-args", default="", help="more options for `tinydet serve`, e.g. '--prefill-chunk 512'")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -191,15 +218,16 @@ def main() -> None:
                 for k, r in enumerate(res):  # the k-th result answers pool[k] at every level
                     answers.setdefault(spec, {}).setdefault(k, []).append((r["text"], r["logprobs"]))
                 print(json.dumps(row), flush=True)
-                if spec.startswith("tinydet:") and not a.no_batch and rnd == 0:
-                    dtype = spec.split(":")[1]
+                if spec.startswith("tinydet:") and not a.no_batch and (rnd == 0 or a.batch_every_round):
+                    dtype = parse_spec(spec)[1]
                     f = files["Q4_1"] if dtype == "native" else files["F32"]
                     flat = [ids for per in reqs for ids in per]
-                    batch[(spec, c)] = batch_tps(f, dtype, a.threads, flat, c, a.new_tokens)
-                    print(json.dumps(dict(engine=spec, clients=c, generate_batch_tok_s=batch[(spec, c)])), flush=True)
+                    tps = batch_tps(f, dtype, a.threads, flat, c, a.new_tokens)
+                    batch.setdefault((spec, c), []).append(tps / row["tok_s"])  # generate_batch / server, this round
+                    print(json.dumps(dict(engine=spec, clients=c, round=rnd, generate_batch_tok_s=tps)), flush=True)
     report(rows, answers, batch, engines, levels)
     if a.json:
-        Path(a.json).write_text(json.dumps(dict(rows=rows, batch={f"{k[0]}@{k[1]}": v for k, v in batch.items()},
+        Path(a.json).write_text(json.dumps(dict(rows=rows, batch_over_server={f"{k[0]}@{k[1]}": v for k, v in batch.items()},
                                                 distinct={e: _distinct(v) for e, v in answers.items()}), indent=1))
 
 
@@ -219,8 +247,8 @@ def report(rows, answers, batch, engines, levels) -> None:
             rs = [r for r in rows if r["engine"] == e and r["clients"] == c]
             med = {k: statistics.median(r[k] for r in rs) for k in ("tok_s", "ttft_p50", "ttft_p99", "itl_p50",
                                                                        "itl_p99")}
-            b = batch.get((e, c))
-            ratio = f"{med['tok_s'] / b:.2f}" if b else ""
+            b = batch.get((e, c))  # the median over rounds of the per-round ratios
+            ratio = f"{1 / statistics.median(b):.2f}" if b else ""
             print(f"| {e} | {c} | {med['tok_s']:.1f} | {1e3 * med['ttft_p50']:.0f} / {1e3 * med['ttft_p99']:.0f} | "
                   f"{1e3 * med['itl_p50']:.1f} / {1e3 * med['itl_p99']:.1f} | {ratio} |")
     print("\n| engine | requests | max distinct completions | max distinct logprobs | requests with >1 text / logprobs |")

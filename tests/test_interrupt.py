@@ -279,16 +279,11 @@ def test_interrupted_pull_exits_cleanly_and_resumes(name, isolated, stall_server
     assert no_leftovers("big")
 
 
-class _FullDisk:
-    """A file whose writes fill the disk: half of the first write lands, then ENOSPC."""
+class _Wrapped:
+    """A file with some of its methods replaced (subclasses), the rest its own."""
 
     def __init__(self, f):
         self.f = f
-
-    def write(self, b):
-        self.f.write(b[:len(b) // 2])
-        self.f.flush()
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     def __getattr__(self, name):
         return getattr(self.f, name)
@@ -298,6 +293,15 @@ class _FullDisk:
 
     def __exit__(self, *exc):
         self.f.close()
+
+
+class _FullDisk(_Wrapped):
+    """A file whose writes fill the disk: half of the first write lands, then ENOSPC."""
+
+    def write(self, b):
+        self.f.write(b[:len(b) // 2])
+        self.f.flush()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 def test_pull_on_a_full_disk(isolated, server, monkeypatch):
@@ -333,24 +337,15 @@ def _full_at_the_end(monkeypatch, step: str, suffix: str) -> None:
     real_open, real_fsync, real_replace, fds = open, os.fsync, os.replace, set()
     full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    class FullAtFlush:
+    class FullAtFlush(_Wrapped):
         def __init__(self, f):
-            self.f = f
+            super().__init__(f)
             fds.add(f.fileno())
 
         def flush(self):
             self.f.flush()
             if step == "flush":
                 raise full
-
-        def __getattr__(self, name):
-            return getattr(self.f, name)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.f.close()
 
     def fake_open(p, mode="r", *a, **k):
         f = real_open(p, mode, *a, **k)

@@ -611,6 +611,9 @@ def test_cli_serve_sigterm_finishes_running_requests_and_exits_0(stories_path, t
     assert any(r["path"] == "/v1/models" and r["status"] == 200 for r in http)
     done = next(r for r in http if r["path"] == "/v1/completions" and r["status"] == 200)
     assert done["choices"][0]["completion_tokens"] == 1500 and done["stream"] is True
+    ch = done["choices"][0]  # where its time went: waiting, to the first token, after it
+    assert min(ch["queue_ms"], ch["prefill_ms"]) >= 0 and ch["decode_ms"] > 0
+    assert ch["queue_ms"] + ch["prefill_ms"] + ch["decode_ms"] <= done["duration_ms"]
     assert any(r.get("event") == "canary" and r["result"] == "match" for r in records)
 
 

@@ -449,7 +449,7 @@ def bench(model_name, dtype, threads, prompt_tokens, new_tokens, repeats, as_jso
               help="Sequences computed together (KV-cache slots).")
 @click.option("--max-queue", type=click.IntRange(min=0), default=64, show_default=True,
               help="Requests waiting for a slot before new ones get 429.")
-@click.option("--prefill-chunk", type=click.IntRange(min=1), default=256, show_default=True,
+@click.option("--prefill-chunk", type=click.IntRange(min=1), default=512, show_default=True,
               help="Tokens per step (prompt chunks plus one per running sequence), so a long prompt does not "
                    "stall running streams.")
 @click.option("--prefix-cache", "prefix_cache_mb", type=click.IntRange(min=0), default=256, show_default=True,

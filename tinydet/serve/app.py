@@ -283,7 +283,9 @@ class _App:
             {"finish_reason": j.result.finish_reason, "completion_tokens": len(j.tokens),
              "output_hash": j.result.output_hash, "logits_hash": j.result.logits_hash,
              "prompt_hash": hash_ids(j.request.prompt_ids), "cached_tokens": j.result.cached_tokens,
-             "seed": j.request.params.seed} for j in jobs]
+             "seed": j.request.params.seed, "queue_ms": round(1e3 * j.result.queue_seconds, 3),
+             "prefill_ms": round(1e3 * j.result.prefill_seconds, 3),
+             "decode_ms": round(1e3 * j.result.decode_seconds, 3)} for j in jobs]
 
     # -- shared answer parts ----------------------------------------------------------------------
 
