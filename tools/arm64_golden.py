@@ -21,7 +21,7 @@ import numpy as np
 
 import tinydet
 from tinydet.hashing import file_sha256
-from tinydet.tools.golden import SETTINGS, model_loader, read_golden, run_cases
+from tinydet.tools.golden import SETTINGS, golden_runs, model_loader, read_golden, run_cases
 
 
 def main() -> int:
@@ -34,9 +34,7 @@ def main() -> int:
     t0 = time.perf_counter()
     data = read_golden(a.golden)
     dtypes = a.dtype.split(",")
-    wants = [c for c in data["cases"] if c["dtype"] in dtypes]
-    if "native" in dtypes:  # the same re-run of the fp32 cases as check_golden's
-        wants += [{**c, "dtype": "native"} for c in data["cases"] if c["dtype"] == "fp32"]
+    wants = [c for c in golden_runs(data) if c.get("dtype") in dtypes]  # check_golden's runs, these dtypes'
     print(f"{platform.machine()} python {platform.python_version()} numpy {np.__version__} numba "
           f"{numba.__version__} tinydet {tinydet.__version__}; {len(wants)} cases ({a.dtype})", flush=True)
     sha = file_sha256(a.model)
@@ -47,10 +45,10 @@ def main() -> int:
     n_bad = 0
     for i, want in enumerate(wants, 1):
         t = time.perf_counter()
-        have = run_cases(load, [{k: want[k] for k in SETTINGS if k in want}])[0]
+        req = {k: want[k] for k in SETTINGS if k in want}
+        have = run_cases(load, [req])[0]
         ok = all(want[h] == have[h] for h in ("output_hash", "logits_hash"))
         n_bad += not ok
-        req = {k: want[k] for k in SETTINGS if k in want}
         print(f"[{i}/{len(wants)}] {'PASS' if ok else 'FAIL'} {req} ({time.perf_counter() - t:.1f} s)", flush=True)
         for h in ("output_hash", "logits_hash"):
             print(f"    {h:11s} expected {want[h][:16]} obtained {have[h][:16]}"

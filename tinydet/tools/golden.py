@@ -95,9 +95,7 @@ def check_golden(load, data: dict, model_sha256: str, native: bool = True) -> li
     runs again with dtype "native", which must give fp32's hashes."""
     if data["model_sha256"] != model_sha256:
         return [f"model file SHA-256 is {model_sha256}, the golden file is for {data['model_sha256']}"]
-    wants = list(data["cases"])
-    if native:
-        wants += [{**c, "dtype": "native"} for c in data["cases"] if c.get("dtype") == "fp32"]
+    wants = golden_runs(data, native)
     got = run_cases(load, [{k: c[k] for k in SETTINGS if k in c} for c in wants])
     bad = []
     for want, have in zip(wants, got):
@@ -108,6 +106,15 @@ def check_golden(load, data: dict, model_sha256: str, native: bool = True) -> li
     return bad
 
 
+def golden_runs(data: dict, native: bool = True) -> list[dict]:
+    """The runs check_golden makes for `data`: its cases, and with `native` every fp32 case again with
+    dtype "native" (which must give fp32's hashes)."""
+    runs = list(data["cases"])
+    if native:
+        runs += [{**c, "dtype": "native"} for c in data["cases"] if c.get("dtype") == "fp32"]
+    return runs
+
+
 def n_checked(data: dict, native: bool = True) -> int:
     """How many runs check_golden makes for `data`."""
-    return len(data["cases"]) + (sum(c.get("dtype") == "fp32" for c in data["cases"]) if native else 0)
+    return len(golden_runs(data, native))
