@@ -7,6 +7,11 @@ import numpy as np
 
 import tinydet
 from tinydet.tools.trace import diff_traces, run_trace, write_trace
+from tinydet.tools.verify import numba_targets
+
+# `verify`'s cells for its three dtypes: 16 in its own process per dtype, plus one per other numba target
+# this host can run and one with NumPy's AVX2/AVX-512 dispatch off.
+VERIFY_CELLS = 3 * (16 + len(numba_targets()))
 
 # (threads, chunk) pairs; every test adds chunks that cross its model's sliding window at each offset.
 THREADS_AND_CHUNKS = ((1, 1), (2, 5), (3, 3))

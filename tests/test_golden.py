@@ -1,5 +1,6 @@
-"""Golden hashes: the repository's recorded hashes hold here, under a generic numba target and with
-NumPy's AVX2/AVX-512 dispatch turned off."""
+"""Golden hashes: the repository's recorded hashes hold here, under numba's other targets (a generic
+x86-64, and on an AVX-512 host an AVX2-only one, with its own tile shapes) and with NumPy's AVX2/AVX-512
+dispatch turned off."""
 
 from __future__ import annotations
 
@@ -15,12 +16,12 @@ import tinydet
 from tinydet.cli import main
 from tinydet.tools.golden import check_golden, model_loader, read_golden
 from tinydet.registry import get_manifest
-from tinydet.tools.verify import npy_dispatch_to_disable
+from tinydet.tools.verify import npy_dispatch_to_disable, numba_targets
 
 GOLDEN = Path(__file__).parent / "golden"
 ENVIRONMENTS = {
     "this machine": {},
-    "numba generic x86-64": {"NUMBA_CPU_NAME": "generic"},
+    **{f"numba {name}": env for name, env in numba_targets().items()},
     "numpy without AVX2/AVX-512": {"NPY_DISABLE_CPU_FEATURES": npy_dispatch_to_disable()},
 }
 

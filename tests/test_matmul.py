@@ -83,3 +83,35 @@ def test_fp16_gated_epilogue_equals_glu_of_the_product():
             act = np.full((T, ffn), np.nan, np.float32)
             fused(x, p16, 2 * ffn, np.empty((T, 2 * ffn), np.float32), act, threads)
             assert np.array_equal(bits(act), bits(want)), f"T={T} threads={threads}"
+
+
+
+def _span_kernel(f, width):
+    @numba.njit
+    def run(x, w, n_out, out):
+        K = x.shape[1]
+        for u in range(w.shape[0] * 64 // width):  # each unit of `width` outputs of every panel
+            p, off = divmod(u * width, 64)
+            f(x, 0, x.shape[0], w, p * K * 64 + off, u * width, n_out, out)
+    return run
+
+
+def test_every_vector_units_tile_gives_the_same_bits():
+    """Each tile shape of every vector unit (tiles.SHAPES: AVX2's 16-lane tiles too, run here on the
+    host's registers) gives the bits of the product the host computes, for row counts that fill whole
+    tiles and leave every tail, a partial last panel and K off the 64-long k-blocks."""
+    from tinydet.backends.cpu import tiles
+
+    seen = {(tuple(sizes), tiles.LANES if kind != "few" else tiles.LANES // 2, W)
+            for units in tiles.SHAPES.values() for kind, opts in units.items() for _, sizes, W in opts}
+    assert any(W == 16 for _, _, W in seen)
+    n, k = 100, 300  # 5 k-blocks (the compensation acts from the third), the last partial
+    rng = np.random.default_rng(7)
+    p32 = layout.pack_panels(rng.standard_normal((n, k)).astype(np.float32))
+    for sizes, width, W in sorted(seen):
+        run = _span_kernel(tiles.span(sizes, width, W), width)
+        for T in list(range(1, 14)) + [64]:
+            x = rng.standard_normal((T, k)).astype(np.float32)
+            got = np.full((T, n), np.nan, np.float32)
+            run(x, p32, n, got)
+            assert np.array_equal(bits(got), bits(product(x, p32, n))), f"rows {sizes} x {W} lanes of {width}, T={T}"

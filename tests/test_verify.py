@@ -10,7 +10,8 @@ from click.testing import CliRunner
 
 import tinydet
 from tinydet.cli import main
-from tinydet.tools.verify import run_matrix
+from contract import VERIFY_CELLS as CELLS
+from tinydet.tools.verify import numba_targets, run_matrix
 
 
 def test_verify_stories_passes_every_cell(stories_path):
@@ -22,7 +23,8 @@ def test_verify_stories_passes_every_cell(stories_path):
     for dtype in ("fp32", "fp16", "native"):
         for g in ("repeat", "threads", "prefill", "kv cache", "batch", "numba target", "numpy dispatch"):
             assert any(k[0] == dtype and k[1] == g for k in groups), (dtype, g)
-    assert len(out["cells"]) == 51 and all(c["ok"] for c in out["cells"])
+    assert len(out["cells"]) == CELLS and all(c["ok"] for c in out["cells"])
+    assert {c["variant"] for c in out["cells"] if c["group"] == "numba target"} == set(numba_targets())
     # native storage gives fp32's hash in every cell
     assert len({c["hash"] for c in out["cells"] if c["dtype"] in ("fp32", "native")}) == 1
 
@@ -30,7 +32,7 @@ def test_verify_stories_passes_every_cell(stories_path):
 def test_verify_smollm_passes(smollm_path):
     r = CliRunner().invoke(main, ["verify", "--model", str(smollm_path), "--new-tokens", "8"])
     assert r.exit_code == 0, r.output
-    assert "PASSED: 51/51" in r.output
+    assert f"PASSED: {CELLS}/{CELLS}" in r.output
 
 
 def test_verify_catches_a_thread_dependent_kernel(stories_path):

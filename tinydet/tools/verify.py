@@ -77,6 +77,25 @@ def run_batch(model, prompt_ids, n_new, where: str):
     return g.token_ids, None, g.logits_hash
 
 
+# An AVX2-only x86-64 (Haswell's features, none of AVX-512): numba takes the host's features unless told
+# otherwise, so NUMBA_CPU_NAME alone would still compile AVX-512 code.
+AVX2_FEATURES = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fsgsbase,+fxsr,+lzcnt,+mmx,+movbe,"
+                 "+pclmul,+popcnt,+rdrnd,+sahf,+sse,+sse2,+sse3,+sse4.1,+sse4.2,+ssse3,+xsave,+xsaveopt")
+
+
+def numba_targets() -> dict[str, dict[str, str]]:
+    """Compile targets other than the host's that this host can run, as environments: a generic CPU
+    (no vector extensions beyond the baseline), and on an AVX-512 x86-64 an AVX2-only one (its own
+    tile shapes: backends/cpu/tiles.py)."""
+    from llvmlite import binding as llvm
+
+    targets = {"generic x86-64": {"NUMBA_CPU_NAME": "generic"}}
+    feats = llvm.get_host_cpu_features()
+    if feats.get("avx512f") and feats.get("avx2"):
+        targets["AVX2 (haswell)"] = {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": AVX2_FEATURES}
+    return targets
+
+
 def npy_dispatch_to_disable() -> str:
     """NumPy's dispatch targets above the baseline that use AVX2 or AVX-512."""
     try:
@@ -138,12 +157,12 @@ def run_matrix(load, model_name, prompt_ids, n_new: int, dtypes=("fp32", "fp16",
             same = tok == base_ids[:n] and lh == hash_logits(base_rows[:n])
             cells.append(Cell(dtype, "batch", where, _digest(base_ids, base_rows) if same else lh))
         if subprocesses:
-            for group, env in (("numba target", {"NUMBA_CPU_NAME": "generic"}),
-                               ("numpy dispatch", {"NPY_DISABLE_CPU_FEATURES": npy_dispatch_to_disable()})):
+            variants = [("numba target", v, env) for v, env in numba_targets().items()]
+            variants.append(("numpy dispatch", "no AVX2/AVX-512", {"NPY_DISABLE_CPU_FEATURES": npy_dispatch_to_disable()}))
+            for group, variant, env in variants:
                 if progress:
-                    progress(f"{dtype} {group}")
+                    progress(f"{dtype} {group} {variant}")
                 h, err = _subprocess_cell(model_name, dtype, ids, n_new, env)
-                variant = "generic x86-64" if group == "numba target" else "no AVX2/AVX-512"
                 cells.append(Cell(dtype, group, variant, h, note=err))
     baselines = {c.dtype: c.hash for c in cells if c.group == "baseline"}
     if "fp32" in baselines and "native" in baselines:

@@ -5,7 +5,7 @@
   layout.py   float panels and quantized panels
   qblocks.py  GGUF's quantized blocks read as float32 vectors
   loaders.py  how the matrix product reads each storage type
-  tiles.py    rows times 64 outputs, shared by every storage type
+  tiles.py    rows times a panel's outputs, shared by every storage type; tile shapes per vector unit
   matmul.py   the one matrix product
   ops.py      RMSNorm, RoPE, attention, activations
   forward.py  the one forward pass (an op hook traces it or injects faults)

@@ -12,7 +12,7 @@ A storage type provides, to the shared drivers:
                       few_rows(W, T) (a batch of a few decoding sequences on fp16 panels)
   prefill_group(...)  tokens ta .. tb times group g (prefill: quantized panels are dequantized, and
                       fp16 panels widened, once into a float32 buffer, then tiled like float panels)
-  tiling(W)           (tokens per tile, tiles per job) for prefill: only the split of work
+  tiling(W, T)        (tokens per tile, tiles per job) for T tokens: only the split of work
   layer(W, li)        layer li of a matrix kind stacked over layers
 """
 
@@ -25,7 +25,7 @@ from numba.extending import overload
 from .layout import QBLOCK, QPanels, as_storage
 from .qblocks import q_dequantize_pair, q_element, q_unit
 from .simd import HALF, LANES, v_load, v_store, widen
-from .tiles import dot1, dot1_half, put, rows_half, tiles4, tiles6
+from .tiles import dot, put, rows_for, tiles_for
 
 # fp16 panels: from this many tokens on, widened once per group into a float32 buffer (`prefill_group`);
 # fewer are read directly by `gemv_units` (`few_rows`).
@@ -67,18 +67,20 @@ def _groups(w):
     return lambda w: w.shape[0]
 
 
-def tiling(w):
+def tiling(w, T):
     raise NotImplementedError("tiling is for jitted code")
 
 
 @overload(tiling)
-def _tiling(w):
-    # fp32 panels are read from memory: 4 tokens per pass (16 zmm accumulators) measured fastest.
-    # A dequantized pair, or an fp16 panel widened, sits in a cache-resident buffer: 6 tokens, and up
-    # to 16 tiles per job so that each panel is converted once for many tokens.
+def _tiling(w, T):
+    # fp32 panels are read from memory (`tiles.SHAPES` "direct"): 8 tiles per job. A dequantized pair,
+    # or an fp16 panel widened, sits in a cache-resident buffer ("buffered"): up to 16 tiles per job so
+    # that each panel is converted once for many tokens.
     if isinstance(w, types.BaseTuple) or w.dtype == types.uint16:
-        return lambda w: (6, 16)
-    return lambda w: (4, 8)
+        buffered = rows_for("buffered")
+        return lambda w, T: (buffered(T), 16)
+    direct = rows_for("direct")
+    return lambda w, T: (direct(T), 8)
 
 
 def few_rows(w, T):
@@ -88,7 +90,7 @@ def few_rows(w, T):
 @overload(few_rows)
 def _few_rows(w, T):
     # fp16 panels under HALF_WIDEN rows: the decode split over 32-output units, each unit's weights
-    # widened once for every row (`tiles.rows_half`), instead of once per 4-row tile.
+    # widened once for every row (`tiles.tiles_for("few")`), instead of once per 4-row tile.
     if not isinstance(w, types.BaseTuple) and w.dtype == types.uint16:
         return lambda w, T: T < HALF_WIDEN
     return lambda w, T: False
@@ -108,24 +110,27 @@ def _gemv_at_impl(x, w, p0, n_out, out, u0, u1, c0):
                 put(out, 0, c0 + u * HALF, n_out, q_unit(x, w, p0 + u), HALF)
         return quantized
 
+    few, panel, half = tiles_for("few"), dot(1, LANES), dot(1, HALF)
+
     def panels(x, w, p0, n_out, out, u0, u1, c0):
         # Two halves of one panel in the range run as one panel. Decode gives each thread an equal
         # run of units, so a panel count that does not split evenly is balanced by halving one panel.
-        # A few rows (`few_rows`) run half panels, 8 rows a pass.
+        # A few rows (`few_rows`) run half panels, several rows a pass.
         K = x.shape[1]
         if x.shape[0] > 1:
             for u in range(u0, u1):
-                rows_half(x, x.shape[0], w, (p0 + u // 2) * K * LANES + (u % 2) * HALF, c0 + u * HALF, n_out, out)
+                few(x, 0, x.shape[0], w, (p0 + u // 2) * K * LANES + (u % 2) * HALF, c0 + u * HALF, n_out, out)
             return
         u = u0
         while u < u1:
             p = u // 2
             if u % 2 == 0 and u + 2 <= u1:
-                put(out, 0, c0 + p * LANES, n_out, dot1(x, 0, K, w, (p0 + p) * K * LANES), LANES)
+                put(out, 0, c0 + p * LANES, n_out, panel(x, (0,), K, w, (p0 + p) * K * LANES)[0], LANES)
                 u += 2
             else:
                 hoff = (u % 2) * HALF
-                put(out, 0, c0 + p * LANES + hoff, n_out, dot1_half(x, 0, K, w, (p0 + p) * K * LANES + hoff), HALF)
+                s = half(x, (0,), K, w, (p0 + p) * K * LANES + hoff)[0]
+                put(out, 0, c0 + p * LANES + hoff, n_out, s, HALF)
                 u += 1
     return panels
 
@@ -232,6 +237,7 @@ def prefill_group(x, w, g, ta, tb, n_out, out):
 
 @overload(prefill_group)
 def _prefill_group(x, w, g, ta, tb, n_out, out):
+    buffered = tiles_for("buffered")
     if _is_mixed(w):
         def mixed(x, w, g, ta, tb, n_out, out):
             tab = w[0]
@@ -241,13 +247,13 @@ def _prefill_group(x, w, g, ta, tb, n_out, out):
                     # the group's weights as float32, then the one tiling of every dequantized pair
                     wbuf = np.empty(x.shape[1] * LANES, np.float32)
                     _mixed_fill(w, tab[s, 0], tab[s, 1], g - g0, wbuf)
-                    tiles6(x, ta, tb, wbuf, 0, g * LANES, min(n_out, tab[s + 1, 2]), out)
+                    buffered(x, ta, tb, wbuf, 0, g * LANES, min(n_out, tab[s + 1, 2]), out)
         return mixed
     if isinstance(w, types.BaseTuple):
         def quantized(x, w, g, ta, tb, n_out, out):
             wbuf = np.empty(x.shape[1] * LANES, np.float32)
             _seg_fill(w, 0, g, wbuf)  # dequantized (a missing second panel: zeros)
-            tiles6(x, ta, tb, wbuf, 0, g * LANES, n_out, out)
+            buffered(x, ta, tb, wbuf, 0, g * LANES, n_out, out)
         return quantized
     if w.dtype == types.uint16:
         # fp16 panels: for a prompt's many tokens, the group's panel is widened (exactly) once into a
@@ -258,9 +264,10 @@ def _prefill_group(x, w, g, ta, tb, n_out, out):
             wbuf = np.empty(K * LANES, np.float32)
             for k in range(K):
                 v_store(wbuf, k * LANES, v_load(w, (g * K + k) * LANES))
-            tiles6(x, ta, tb, wbuf, 0, g * LANES, n_out, out)
+            buffered(x, ta, tb, wbuf, 0, g * LANES, n_out, out)
         return half
-    return lambda x, w, g, ta, tb, n_out, out: tiles4(x, ta, tb, w, g * x.shape[1] * LANES, g * LANES, n_out, out)
+    direct = tiles_for("direct")
+    return lambda x, w, g, ta, tb, n_out, out: direct(x, ta, tb, w, g * x.shape[1] * LANES, g * LANES, n_out, out)
 
 
 def layer(w, li):

@@ -80,7 +80,7 @@ def mm(x, w, n_out, out, nth, mode, res, act, kind):
             _epilogue(out, 0, T, u0 * HALF, u1 * HALF, n_out, mode, res, act, kind)
     else:
         G = groups(w) // parts
-        tile, chunk_tiles = tiling(w)
+        tile, chunk_tiles = tiling(w, T)
         C = split_chunks(T, G, nth, tile, chunk_tiles)
         for job in prange(G * C):
             g = job // C

@@ -188,6 +188,17 @@ def target_has(context, feature: str) -> bool:
     return f"+{feature}" in feats.split(",")
 
 
+def target_isa() -> str:
+    """The vector unit of the CPU numba compiles for: "avx512" (32 zmm registers), "avx2" (16 ymm) or
+    "sse" (16 xmm: a generic x86-64, or any other CPU). Only tile shapes depend on it, never bits."""
+    from numba.core.registry import cpu_target
+
+    ctx = cpu_target.target_context
+    if target_has(ctx, "avx512f"):
+        return "avx512"
+    return "avx2" if target_has(ctx, "avx2") else "sse"
+
+
 def _widen_half_int(builder, h16):
     """<64 x i16> binary16 bits -> <64 x float> exactly, by `f16_to_f32`'s integer trick."""
     n = h16.type.count
@@ -249,10 +260,12 @@ def _vec_ops(vt):
 
 
 # v_zero(), v_splat(x): 64 lanes of 0 / of x; v_load(arr, idx): arr[idx : idx + 64] as float32 (flat
-# index into a C-contiguous array; float32 as stored, binary16 bits widened exactly). v32_*: 32 lanes.
-# v_add, v_sub, v_mul, v_div, v_store and v_get take either width.
+# index into a C-contiguous array; float32 as stored, binary16 bits widened exactly). v32_*: 32 lanes,
+# v16_*: 16. v_add, v_sub, v_mul, v_div, v_store and v_get take any width.
 v_zero, v_splat, v_load = _vec_ops(_F32V)
 v32_zero, v32_splat, v32_load = _vec_ops(_F32V32)
+_F32V16 = _F32VType(16)
+v16_zero, v16_splat, v16_load = _vec_ops(_F32V16)
 
 
 def _binop(name):

@@ -1,22 +1,38 @@
-"""Rows times 64 outputs, for every storage type's products: a buffer holds weight k of output j at
-[off + 64k + j] (a float panel, float32 or fp16 bits, or a pair of quantized panels dequantized into
+"""Rows times a panel's outputs, for every storage type's products: a buffer holds weight k of output j
+at [off + 64k + j] (a float panel, float32 or fp16 bits, or a pair of quantized panels dequantized into
 float32), and each output's sum runs in the one order of every matrix product:
 
     s = c = 0; for each k-block [k0, k0 + 64): part = 0, then part = part + w[k] * x[t, k] for k in
     order; then y = part - c; z = s + y; c = (z - s) - y; s = z.
 
-A tile runs that for 1, 2, 4 or 6 tokens at once over 64 outputs, or for 4 or 8 tokens over 32 of them
-(`rows_half`: a few rows read an fp16 panel once, each weight widened once for all of them), so each
-weight vector is loaded once per tile; tokens past the end of a range repeat the last row (computed,
-never stored). Neither the tile nor the schedule enters any output's arithmetic.
+A tile runs that for R rows at once over W outputs (W lanes of one vector: 64, 32 or 16), so each
+weight vector is loaded once per tile; rows past the end of a range repeat the last row (computed,
+never stored). The tile shape is chosen per vector unit (`SHAPES`): R x W running block sums must fit
+the registers (32 zmm on AVX-512, 16 ymm on AVX2) beside a weight vector. Neither the tile nor the
+schedule enters any output's arithmetic, so every shape on every target gives the same bits.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from numba import njit
 
-from .simd import HALF, KBLOCK, LANES, at, kahan, v32_load, v32_splat, v32_zero, v_add, v_get, v_load, v_mul, v_splat, v_store, \
-    v_zero
+from .simd import KBLOCK, LANES, at, kahan, target_isa, v16_load, v16_splat, v16_zero, v32_load, v32_splat, v32_zero, \
+    v_add, v_get, v_load, v_mul, v_splat, v_store, v_zero
+
+# Per vector unit, the tiles of each product: [(from T rows on, rows per pass largest first, lanes)], the
+# last entry whose T applies. "direct": float32 panels read from memory; "buffered": a panel widened or
+# dequantized into a cache-resident buffer; "few": a few rows times a 32-output unit (fp16 panels,
+# `loaders.few_rows`). AVX-512 keeps 4-6 rows x 64 lanes (16-24 zmm of sums). AVX2 has 16 ymm: 6 rows
+# x 16 lanes (12 ymm) once the product is compute-bound; a few rows read from memory stay at 4 x 64,
+# bound by the memory (measured: bench/README.md, "Tiles per vector unit").
+SHAPES = {
+    "avx512": {"direct": [(1, (4,), 64)], "buffered": [(1, (6, 4, 2, 1), 64)], "few": [(1, (8, 4, 1), 32)]},
+    "avx2": {"direct": [(1, (4,), 64), (48, (6, 4, 2, 1), 16)], "buffered": [(1, (6, 4, 2, 1), 16)],
+             "few": [(1, (8, 4, 1), 32)]},
+}
+SHAPES["sse"] = SHAPES["avx2"]  # 16 xmm: a generic x86-64 build is for checking bits, not for speed
 
 
 @njit(cache=True, inline="always")
@@ -29,276 +45,77 @@ def put(out, t, n0, n_out, v, width):
             out[t, n0 + j] = v_get(v, j)
 
 
-@njit(cache=True, inline="always")
-def dot1(x, r0, K, buf, off):
-    """Row x[r0 : r0 + K] (flat offset) times the 64 outputs at buf[off:]."""
-    s0 = v_zero()
-    c0 = v_zero()
-    for k0 in range(0, K, KBLOCK):
-        a0 = v_zero()
-        for k in range(k0, min(K, k0 + KBLOCK)):
-            a0 = v_add(a0, v_mul(v_load(buf, off + k * LANES), v_splat(at(x, r0 + k))))
-        s0, c0 = kahan(a0, s0, c0)
-    return s0
+_ENV = {"KBLOCK": KBLOCK, "LANES": LANES, "at": at, "kahan": kahan, "v_add": v_add, "v_mul": v_mul}
+_VECTORS = {64: (v_zero, v_splat, v_load), 32: (v32_zero, v32_splat, v32_load), 16: (v16_zero, v16_splat, v16_load)}
 
 
-@njit(cache=True, inline="always")
-def dot1_half(x, r0, K, buf, off):
-    """dot1 for the 32 outputs whose lanes start at buf[off:] (row stride still 64)."""
-    s0 = v32_zero()
-    c0 = v32_zero()
-    for k0 in range(0, K, KBLOCK):
-        a0 = v32_zero()
-        for k in range(k0, min(K, k0 + KBLOCK)):
-            a0 = v_add(a0, v_mul(v32_load(buf, off + k * LANES), v32_splat(at(x, r0 + k))))
-        s0, c0 = kahan(a0, s0, c0)
-    return s0
+def _compile(src: str, name: str, **env):
+    scope = dict(_ENV, **env)
+    exec(src, scope)  # noqa: S102 (generated from the templates in this file)
+    return scope[name]
 
 
-@njit(cache=True, inline="always")
-def dot2(x, r0, r1, K, buf, off):
-    s0 = v_zero()
-    c0 = v_zero()
-    s1 = v_zero()
-    c1 = v_zero()
-    for k0 in range(0, K, KBLOCK):
-        a0 = v_zero()
-        a1 = v_zero()
-        for k in range(k0, min(K, k0 + KBLOCK)):
-            w = v_load(buf, off + k * LANES)
-            a0 = v_add(a0, v_mul(w, v_splat(at(x, r0 + k))))
-            a1 = v_add(a1, v_mul(w, v_splat(at(x, r1 + k))))
-        s0, c0 = kahan(a0, s0, c0)
-        s1, c1 = kahan(a1, s1, c1)
-    return s0, s1
+@lru_cache(maxsize=None)
+def dot(R: int, W: int):
+    """The jitted f(x, rows, K, buf, off): the R rows at flat offsets `rows` (a tuple) of x, each of
+    length K, times the W outputs whose lanes start at buf[off:] (row stride 64): a tuple of R sums."""
+    r = range(R)
+    lines = ["def dot(x, rows, K, buf, off):"]
+    lines += [f"    r{i} = rows[{i}]" for i in r] + [f"    s{i} = Z()\n    c{i} = Z()" for i in r]
+    lines += ["    for k0 in range(0, K, KBLOCK):"] + [f"        a{i} = Z()" for i in r]
+    lines += ["        for k in range(k0, min(K, k0 + KBLOCK)):", "            w = L(buf, off + k * LANES)"]
+    lines += [f"            a{i} = v_add(a{i}, v_mul(w, S(at(x, r{i} + k))))" for i in r]
+    lines += [f"        s{i}, c{i} = kahan(a{i}, s{i}, c{i})" for i in r]
+    lines += [f"    return ({''.join(f's{i}, ' for i in r)})"]
+    Z, S, L = _VECTORS[W]
+    return njit(inline="always")(_compile("\n".join(lines), "dot", Z=Z, S=S, L=L))
 
 
-@njit(cache=True, inline="always")
-def dot4(x, r0, r1, r2, r3, K, buf, off):
-    s0 = v_zero()
-    c0 = v_zero()
-    s1 = v_zero()
-    c1 = v_zero()
-    s2 = v_zero()
-    c2 = v_zero()
-    s3 = v_zero()
-    c3 = v_zero()
-    for k0 in range(0, K, KBLOCK):
-        a0 = v_zero()
-        a1 = v_zero()
-        a2 = v_zero()
-        a3 = v_zero()
-        for k in range(k0, min(K, k0 + KBLOCK)):
-            w = v_load(buf, off + k * LANES)
-            a0 = v_add(a0, v_mul(w, v_splat(at(x, r0 + k))))
-            a1 = v_add(a1, v_mul(w, v_splat(at(x, r1 + k))))
-            a2 = v_add(a2, v_mul(w, v_splat(at(x, r2 + k))))
-            a3 = v_add(a3, v_mul(w, v_splat(at(x, r3 + k))))
-        s0, c0 = kahan(a0, s0, c0)
-        s1, c1 = kahan(a1, s1, c1)
-        s2, c2 = kahan(a2, s2, c2)
-        s3, c3 = kahan(a3, s3, c3)
-    return s0, s1, s2, s3
+@lru_cache(maxsize=None)
+def span(sizes: tuple, width: int, W: int):
+    """The jitted out[ta:tb, n0 : n0 + width] (clipped at n_out) = x[ta:tb] times the `width` outputs
+    whose lanes start at buf[off:], in tiles of R rows (`sizes`, largest first: full tiles of the largest,
+    the rest by the smallest size that covers it) by W outputs:
+        f(x, ta, tb, buf, off, n0, n_out, out)"""
+    lines = ["def f(x, ta, tb, buf, off, n0, n_out, out):", "    K = x.shape[1]", "    last = tb - 1",
+             "    t = ta", "    while t < tb:", "        m = tb - t"]
+    order = sorted(sizes)
+    for i, R in enumerate(order):
+        test = "if True:" if len(order) == 1 else "else:" if R == order[-1] else f"{'if' if i == 0 else 'elif'} m <= {R}:"
+        lines.append(f"        {test}")
+        rows = "".join(f"min(t + {i}, last) * K, " for i in range(R))
+        lines.append(f"            for j in range(0, {width}, {W}):")
+        lines.append(f"                s = dot{R}(x, ({rows}), K, buf, off + j)")
+        lines += [f"                if t + {i} < tb:\n                    put(out, t + {i}, n0 + j, n_out, s[{i}], {W})"
+                  for i in range(R)]
+        lines.append(f"            t += {R}")
+    dots = {f"dot{R}": dot(R, W) for R in sizes}
+    return njit(inline="always")(_compile("\n".join(lines), "f", put=put, **dots))
 
 
-@njit(cache=True, inline="always")
-def dot6(x, r0, r1, r2, r3, r4, r5, K, buf, off):
-    s0 = v_zero()
-    c0 = v_zero()
-    s1 = v_zero()
-    c1 = v_zero()
-    s2 = v_zero()
-    c2 = v_zero()
-    s3 = v_zero()
-    c3 = v_zero()
-    s4 = v_zero()
-    c4 = v_zero()
-    s5 = v_zero()
-    c5 = v_zero()
-    for k0 in range(0, K, KBLOCK):
-        a0 = v_zero()
-        a1 = v_zero()
-        a2 = v_zero()
-        a3 = v_zero()
-        a4 = v_zero()
-        a5 = v_zero()
-        for k in range(k0, min(K, k0 + KBLOCK)):
-            w = v_load(buf, off + k * LANES)
-            a0 = v_add(a0, v_mul(w, v_splat(at(x, r0 + k))))
-            a1 = v_add(a1, v_mul(w, v_splat(at(x, r1 + k))))
-            a2 = v_add(a2, v_mul(w, v_splat(at(x, r2 + k))))
-            a3 = v_add(a3, v_mul(w, v_splat(at(x, r3 + k))))
-            a4 = v_add(a4, v_mul(w, v_splat(at(x, r4 + k))))
-            a5 = v_add(a5, v_mul(w, v_splat(at(x, r5 + k))))
-        s0, c0 = kahan(a0, s0, c0)
-        s1, c1 = kahan(a1, s1, c1)
-        s2, c2 = kahan(a2, s2, c2)
-        s3, c3 = kahan(a3, s3, c3)
-        s4, c4 = kahan(a4, s4, c4)
-        s5, c5 = kahan(a5, s5, c5)
-    return s0, s1, s2, s3, s4, s5
+@lru_cache(maxsize=None)
+def _by_rows(kind: str, isa: str):
+    """(f, rows): f(x, ta, tb, buf, off, n0, n_out, out) as `span` with the tile of `kind` for T =
+    x.shape[0] rows, and rows(T), the rows per pass of that tile (for the split of work)."""
+    opts = SHAPES[isa][kind]
+    width = LANES if kind != "few" else LANES // 2
+    env = {f"s{i}": span(tuple(sizes), width, W) for i, (_, sizes, W) in enumerate(opts)}
+    f = ["def f(x, ta, tb, buf, off, n0, n_out, out):", "    T = x.shape[0]"]
+    r = ["def rows(T):"]
+    for i in reversed(range(len(opts))):
+        test = "if True:" if len(opts) == 1 else "else:" if i == 0 else f"{'if' if i == len(opts) - 1 else 'elif'} T >= {opts[i][0]}:"
+        f += [f"    {test}", f"        s{i}(x, ta, tb, buf, off, n0, n_out, out)"]
+        r += [f"    {test}", f"        return {max(opts[i][1])}"]
+    return (njit(inline="always")(_compile("\n".join(f), "f", **env)),
+            njit(inline="always")(_compile("\n".join(r), "rows")))
 
 
-@njit(cache=True, inline="always")
-def tiles4(x, ta, tb, buf, off, n0, n_out, out):
-    """out[ta:tb, n0 : n0 + 64] (clipped at n_out), 4 tokens per pass over the weights."""
-    K = x.shape[1]
-    for t in range(ta, tb, 4):
-        r1 = min(t + 1, tb - 1)
-        r2 = min(t + 2, tb - 1)
-        r3 = min(t + 3, tb - 1)
-        s0, s1, s2, s3 = dot4(x, t * K, r1 * K, r2 * K, r3 * K, K, buf, off)
-        put(out, t, n0, n_out, s0, LANES)
-        if t + 1 < tb:
-            put(out, t + 1, n0, n_out, s1, LANES)
-        if t + 2 < tb:
-            put(out, t + 2, n0, n_out, s2, LANES)
-        if t + 3 < tb:
-            put(out, t + 3, n0, n_out, s3, LANES)
+def tiles_for(kind: str):
+    """The jitted tiles of `kind` ("direct", "buffered" over 64 outputs; "few" over 32) on the compile
+    target: f(x, ta, tb, buf, off, n0, n_out, out) (as `span`)."""
+    return _by_rows(kind, target_isa())[0]
 
 
-@njit(cache=True, inline="always")
-def tiles6(x, ta, tb, buf, off, n0, n_out, out):
-    """As tiles4 with 6 tokens per pass; the rest by 4, 2 or 1."""
-    K = x.shape[1]
-    t = ta
-    while t < tb:
-        m = tb - t
-        if m == 1:
-            put(out, t, n0, n_out, dot1(x, t * K, K, buf, off), LANES)
-            t += 1
-        elif m == 2:
-            s0, s1 = dot2(x, t * K, (t + 1) * K, K, buf, off)
-            put(out, t, n0, n_out, s0, LANES)
-            put(out, t + 1, n0, n_out, s1, LANES)
-            t += 2
-        elif m <= 4:
-            r3 = min(t + 3, tb - 1)
-            s0, s1, s2, s3 = dot4(x, t * K, (t + 1) * K, (t + 2) * K, r3 * K, K, buf, off)
-            put(out, t, n0, n_out, s0, LANES)
-            put(out, t + 1, n0, n_out, s1, LANES)
-            put(out, t + 2, n0, n_out, s2, LANES)
-            if m > 3:
-                put(out, t + 3, n0, n_out, s3, LANES)
-            t += 4
-        else:
-            r4 = min(t + 4, tb - 1)
-            r5 = min(t + 5, tb - 1)
-            s0, s1, s2, s3, s4, s5 = dot6(x, t * K, (t + 1) * K, (t + 2) * K, (t + 3) * K, r4 * K, r5 * K, K, buf,
-                                          off)
-            put(out, t, n0, n_out, s0, LANES)
-            put(out, t + 1, n0, n_out, s1, LANES)
-            put(out, t + 2, n0, n_out, s2, LANES)
-            put(out, t + 3, n0, n_out, s3, LANES)
-            if m > 4:
-                put(out, t + 4, n0, n_out, s4, LANES)
-            if m > 5:
-                put(out, t + 5, n0, n_out, s5, LANES)
-            t += 6
-
-
-@njit(cache=True, inline="always")
-def dot4_half(x, r0, r1, r2, r3, K, buf, off):
-    """dot4 for the 32 outputs whose lanes start at buf[off:] (row stride still 64)."""
-    s0 = v32_zero()
-    c0 = v32_zero()
-    s1 = v32_zero()
-    c1 = v32_zero()
-    s2 = v32_zero()
-    c2 = v32_zero()
-    s3 = v32_zero()
-    c3 = v32_zero()
-    for k0 in range(0, K, KBLOCK):
-        a0 = v32_zero()
-        a1 = v32_zero()
-        a2 = v32_zero()
-        a3 = v32_zero()
-        for k in range(k0, min(K, k0 + KBLOCK)):
-            w = v32_load(buf, off + k * LANES)
-            a0 = v_add(a0, v_mul(w, v32_splat(at(x, r0 + k))))
-            a1 = v_add(a1, v_mul(w, v32_splat(at(x, r1 + k))))
-            a2 = v_add(a2, v_mul(w, v32_splat(at(x, r2 + k))))
-            a3 = v_add(a3, v_mul(w, v32_splat(at(x, r3 + k))))
-        s0, c0 = kahan(a0, s0, c0)
-        s1, c1 = kahan(a1, s1, c1)
-        s2, c2 = kahan(a2, s2, c2)
-        s3, c3 = kahan(a3, s3, c3)
-    return s0, s1, s2, s3
-
-
-@njit(cache=True, inline="always")
-def dot8_half(x, r0, r1, r2, r3, r4, r5, r6, r7, K, buf, off):
-    """8 rows times the 32 outputs whose lanes start at buf[off:] (row stride 64): 16 zmm of running
-    block sums on AVX-512, each weight vector loaded (and widened) once for the 8 rows."""
-    s0 = v32_zero()
-    c0 = v32_zero()
-    s1 = v32_zero()
-    c1 = v32_zero()
-    s2 = v32_zero()
-    c2 = v32_zero()
-    s3 = v32_zero()
-    c3 = v32_zero()
-    s4 = v32_zero()
-    c4 = v32_zero()
-    s5 = v32_zero()
-    c5 = v32_zero()
-    s6 = v32_zero()
-    c6 = v32_zero()
-    s7 = v32_zero()
-    c7 = v32_zero()
-    for k0 in range(0, K, KBLOCK):
-        a0 = v32_zero()
-        a1 = v32_zero()
-        a2 = v32_zero()
-        a3 = v32_zero()
-        a4 = v32_zero()
-        a5 = v32_zero()
-        a6 = v32_zero()
-        a7 = v32_zero()
-        for k in range(k0, min(K, k0 + KBLOCK)):
-            w = v32_load(buf, off + k * LANES)
-            a0 = v_add(a0, v_mul(w, v32_splat(at(x, r0 + k))))
-            a1 = v_add(a1, v_mul(w, v32_splat(at(x, r1 + k))))
-            a2 = v_add(a2, v_mul(w, v32_splat(at(x, r2 + k))))
-            a3 = v_add(a3, v_mul(w, v32_splat(at(x, r3 + k))))
-            a4 = v_add(a4, v_mul(w, v32_splat(at(x, r4 + k))))
-            a5 = v_add(a5, v_mul(w, v32_splat(at(x, r5 + k))))
-            a6 = v_add(a6, v_mul(w, v32_splat(at(x, r6 + k))))
-            a7 = v_add(a7, v_mul(w, v32_splat(at(x, r7 + k))))
-        s0, c0 = kahan(a0, s0, c0)
-        s1, c1 = kahan(a1, s1, c1)
-        s2, c2 = kahan(a2, s2, c2)
-        s3, c3 = kahan(a3, s3, c3)
-        s4, c4 = kahan(a4, s4, c4)
-        s5, c5 = kahan(a5, s5, c5)
-        s6, c6 = kahan(a6, s6, c6)
-        s7, c7 = kahan(a7, s7, c7)
-    return s0, s1, s2, s3, s4, s5, s6, s7
-
-
-@njit(cache=True, inline="always")
-def rows_half(x, T, buf, off, n0, n_out, out):
-    """out[0:T, n0 : n0 + 32] (clipped at n_out) for the 32 outputs whose lanes start at buf[off:]:
-    8 rows per pass over the weights, the rest by 4 or 1."""
-    K = x.shape[1]
-    t = 0
-    while t < T:
-        m = T - t
-        if m == 1:
-            put(out, t, n0, n_out, dot1_half(x, t * K, K, buf, off), HALF)
-            t += 1
-        elif m <= 4:
-            last = T - 1
-            s = dot4_half(x, t * K, (t + 1) * K, min(t + 2, last) * K, min(t + 3, last) * K, K, buf, off)
-            for i in range(4):
-                if t + i < T:
-                    put(out, t + i, n0, n_out, s[i], HALF)
-            t += 4
-        else:
-            last = T - 1
-            s = dot8_half(x, t * K, (t + 1) * K, (t + 2) * K, (t + 3) * K, (t + 4) * K, min(t + 5, last) * K,
-                          min(t + 6, last) * K, min(t + 7, last) * K, K, buf, off)
-            for i in range(8):
-                if t + i < T:
-                    put(out, t + i, n0, n_out, s[i], HALF)
-            t += 8
+def rows_for(kind: str):
+    """The jitted rows(T): rows per pass of `tiles_for(kind)` for T rows."""
+    return _by_rows(kind, target_isa())[1]
