@@ -3,13 +3,15 @@ compile target numba was given: each shape as its own kernel over SmolLM2-135M's
 shapes timed in turn within one process (medians; ratios to the first shape), after checking that
 every shape gives the same bits.
 
-    python bench/tiles.py [--shapes r4w64,r6w16,...] [--rows 8,128] [--mode direct|buffered]
+    python bench/tiles.py [--shapes r4w64,r6w16,...] [--rows 8,128] [--mode direct|buffered|few]
 
 A shape rRwW runs R rows a pass over W outputs (W lanes of one vector), the rest of a range by
 smaller passes. "direct": float32 panels read from memory (fp32 storage); "buffered": fp16 panels
 widened, group by group, into a float32 buffer (fp16 storage; quantized panels are dequantized into
-the same buffer). The weights rotate over about 40 MB of copies, so they come from memory as in a
-model. For an AVX2-only build on an AVX-512 machine:
+the same buffer); "few": a few rows (a batch of decoding sequences) on fp16 panels read from
+memory, each thread an equal run of 32-output units (`loaders.few_rows`). The weights rotate over
+about 40 MB of copies, so they come from memory as in a model. For an AVX2-only build on an AVX-512
+machine:
 
     NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=$(python -c \
         "from tinydet.tools.verify import AVX2_FEATURES; print(AVX2_FEATURES)") python bench/tiles.py
@@ -39,6 +41,12 @@ _SRC = """
 def run(x, w, n_out, out, nth):
     T, K = x.shape
     G = w.shape[0]
+    if FEW:  # the decode split: each thread an equal run of 32-output units, read from memory
+        U = 2 * G
+        for th in prange(nth):
+            for u in range(th * U // nth, (th + 1) * U // nth):
+                span(x, 0, T, w, (u // 2) * K * 64 + (u % 2) * 32, u * 32, n_out, out)
+        return
     C = split_chunks(T, G, nth, ROWS, CHUNK)
     for job in prange(G * C):
         g = job // C
@@ -53,12 +61,14 @@ def run(x, w, n_out, out, nth):
 """
 
 
-def kernel(name: str, buffered: bool):
-    """The matrix product of matmul.mm's many-row path with one fixed tile shape."""
+def kernel(name: str, mode: str):
+    """The matrix product of matmul.mm's many-row path (or, "few", of a few rows on fp16 panels) with
+    one fixed tile shape."""
     sizes, width = SHAPES[name]
+    buffered = mode == "buffered"
     env = dict(np=np, prange=prange, split_chunks=split_chunks, chunk_range=chunk_range, v_load=v_load,
-               v_store=v_store, span=tiles.span(sizes, 64, width), ROWS=max(sizes), CHUNK=16 if buffered else 8,
-               BUFFERED=buffered)
+               v_store=v_store, span=tiles.span(sizes, 32 if mode == "few" else 64, width), ROWS=max(sizes),
+               CHUNK=16 if buffered else 8, BUFFERED=buffered, FEW=mode == "few")
     exec(_SRC, env)  # noqa: S102 (the template above)
     return njit(parallel=True)(env["run"])
 
@@ -67,17 +77,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="r4w64,r6w64,r2w32,r4w16,r6w16")
     ap.add_argument("--rows", default="8,32,128", help="row counts T (tokens of a prompt, or sequences)")
-    ap.add_argument("--mode", default="direct", choices=["direct", "buffered"])
+    ap.add_argument("--mode", default="direct", choices=["direct", "buffered", "few"])
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     numba.set_num_threads(a.threads)
     names = a.shapes.split(",")
-    kernels = {n: kernel(n, a.mode == "buffered") for n in names}
+    kernels = {n: kernel(n, a.mode) for n in names}
     rng = np.random.default_rng(0)
     print(f"target {target_isa()}, {a.mode}, {a.threads} threads; median us per call (ratio to {names[0]})")
     for label, n, k in MATRICES:
         w = layout.pack_panels((rng.standard_normal((n, k)) * 0.01).astype(np.float32))
-        if a.mode == "buffered":
+        if a.mode != "direct":
             w = to_f16_bits(w)
         copies = [w] + [w.copy() for _ in range(int(40e6 // w.nbytes))]
         for T in (int(t) for t in a.rows.split(",")):

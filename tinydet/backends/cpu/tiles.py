@@ -24,13 +24,14 @@ from .simd import KBLOCK, LANES, at, kahan, target_isa, v16_load, v16_splat, v16
 # Per vector unit, the tiles of each product: [(from T rows on, rows per pass largest first, lanes)], the
 # last entry whose T applies. "direct": float32 panels read from memory; "buffered": a panel widened or
 # dequantized into a cache-resident buffer; "few": a few rows times a 32-output unit (fp16 panels,
-# `loaders.few_rows`). AVX-512 keeps 4-6 rows x 64 lanes (16-24 zmm of sums). AVX2 has 16 ymm: 6 rows
-# x 16 lanes (12 ymm) once the product is compute-bound; a few rows read from memory stay at 4 x 64,
-# bound by the memory (measured: bench/README.md, "Tiles per vector unit").
+# `loaders.few_rows`). AVX-512 keeps 4-6 rows x 64 lanes (16-24 zmm of sums) and 8 x 32. AVX2 has 16
+# ymm: 6 rows x 16 lanes (12 ymm) once the product is compute-bound; a few rows read from memory stay
+# at 4 x 64, bound by the memory; fp16's few rows 2 x 32 (8 ymm; 8 x 32 spilled) (measured:
+# bench/README.md, "Tiles per vector unit").
 SHAPES = {
     "avx512": {"direct": [(1, (4,), 64)], "buffered": [(1, (6, 4, 2, 1), 64)], "few": [(1, (8, 4, 1), 32)]},
     "avx2": {"direct": [(1, (4,), 64), (48, (6, 4, 2, 1), 16)], "buffered": [(1, (6, 4, 2, 1), 16)],
-             "few": [(1, (8, 4, 1), 32)]},
+             "few": [(1, (2, 1), 32)]},
 }
 SHAPES["sse"] = SHAPES["avx2"]  # 16 xmm: a generic x86-64 build is for checking bits, not for speed
 
