@@ -85,7 +85,6 @@ def test_fp16_gated_epilogue_equals_glu_of_the_product():
             assert np.array_equal(bits(act), bits(want)), f"T={T} threads={threads}"
 
 
-
 def _span_kernel(f, width):
     @numba.njit
     def run(x, w, n_out, out):
