@@ -6,8 +6,9 @@ bandwidth of a copy loop, on --threads threads.
 
 Peak: each thread runs 6 independent chains of a = a * m + b (one multiply and one add per lane) on
 vectors of 64 lanes (AVX-512: 24 zmm) or 16 (AVX2, SSE: 12 ymm or xmm), enough chains to cover the
-multiply and add latencies without spilling, and flops = 2 per lane per step. Bandwidth: out[:] = in[:] over --mb MB split into
-one run per thread, counted as bytes read plus bytes written. Medians of 9 runs.
+multiply and add latencies without spilling, and flops = 2 per lane per step. Bandwidth:
+out[:] = in[:] over --mb MB split into one run per thread, counted as bytes read plus bytes written.
+Medians of 9 runs.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ CHAINS = 6
 STEPS = 4_000_000
 
 
-def _peak_kernel(splat, lanes):
-    """The peak loop on vectors of `lanes` lanes (the registers' width x 4 on AVX-512, x 2 on AVX2)."""
+def _peak_kernel(splat):
+    """The peak loop on the vectors `splat` makes (64 lanes on AVX-512, 16 on AVX2)."""
     @njit(parallel=True)
     def peak(nth, steps, m, b):
         acc = np.zeros(nth, np.float32)
@@ -45,7 +46,7 @@ def _peak_kernel(splat, lanes):
                 a5 = v_add(v_mul(a5, vm), vb)
             acc[th] = v_get(v_add(v_add(v_add(a0, a1), v_add(a2, a3)), v_add(a4, a5)), 0)  # keeps the loop
         return acc
-    return peak, lanes
+    return peak
 
 
 @njit(parallel=True, cache=True)
@@ -73,7 +74,8 @@ def main() -> None:
     a = ap.parse_args()
     numba.set_num_threads(a.threads)
     m, b = np.float32(0.999), np.float32(1e-3)  # stays finite and normal
-    peak, lanes = _peak_kernel(v_splat, 64) if target_isa() == "avx512" else _peak_kernel(v16_splat, 16)
+    splat, lanes = (v_splat, 64) if target_isa() == "avx512" else (v16_splat, 16)
+    peak = _peak_kernel(splat)
     t = median_time(lambda: peak(a.threads, STEPS, m, b))
     gflops = a.threads * STEPS * CHAINS * lanes * 2 / t / 1e9
     n = int(a.mb * 1e6 // 4)

@@ -39,16 +39,16 @@ def prompts(vocab: int, n: int, length: int) -> list[list[int]]:
     return [[(i * 7919 + s * 104729) % (vocab - 10) + 5 for i in range(length)] for s in range(n)]
 
 
-def passes(be, mode: str, a) -> list[tuple[int, callable]]:
-    """The timed passes of `mode`, in order: (tokens it runs, f) with f() running the pass. Untimed
-    set-up (a fresh cache, the prefill before decode steps) runs while the list is built."""
+def passes(be, mode: str, a) -> list:
+    """The timed passes of `mode`, in order, as functions that run one pass each. Untimed set-up (a
+    fresh cache, the prefill before decode steps) runs while the list is built."""
     vocab = be.config.vocab_size
     if mode == "prefill":
         (ids,) = prompts(vocab, 1, a.prompt_tokens)
 
         def one():
             be.forward(ids, be.new_cache(a.prompt_tokens))
-        return [(a.prompt_tokens, one)] * a.repeats
+        return [one] * a.repeats
     n = 1 if mode == "decode" else a.sequences
     cache = be.new_cache(a.prompt_tokens + a.new_tokens + 1, n_slots=n)
     logits = be.forward_batch(list(enumerate(prompts(vocab, n, a.prompt_tokens))), cache)
@@ -57,7 +57,7 @@ def passes(be, mode: str, a) -> list[tuple[int, callable]]:
     def step():
         out = be.forward_batch([(s, [t]) for s, t in enumerate(state["toks"])], cache)
         state["toks"] = [int(x.argmax()) for x in out]
-    return [(n, step)] * a.new_tokens
+    return [step] * a.new_tokens
 
 
 def run(be, mode, a, hooked: bool) -> tuple[list[float], dict[str, list[float]]]:
@@ -71,7 +71,7 @@ def run(be, mode, a, hooked: bool) -> tuple[list[float], dict[str, list[float]]]
     if hooked:
         be.hooks.append(hook)
     try:
-        for _, f in todo:
+        for f in todo:
             marks.clear()
             t0 = time.perf_counter()
             marks.append(("start", t0))
@@ -103,7 +103,8 @@ def main() -> None:
 
     model = tinydet.load(a.model, dtype=a.dtype, threads=a.threads)
     be = model.backend
-    run(be, a.mode, a, False)  # warm-up (compiles)
+    run(be, a.mode, a, False)  # warm-up (compiles), plain and hooked: a pass's first hook call is slow
+    run(be, a.mode, a, True)
     plain, _ = run(be, a.mode, a, False)
     hooked, per_op = run(be, a.mode, a, True)
     t, th = statistics.median(plain), statistics.median(hooked)
