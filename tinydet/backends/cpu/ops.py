@@ -19,8 +19,8 @@ import numpy as np
 from numba import njit, prange
 
 from .mathfn import exp32, sincos64, tanh32
-from .simd import (LANES, f32, kahan, kahan1, narrow, v_add, v_div, v_gather, v_get, v_load, v_max_range, v_mul,
-                   v_neg, v_splat, v_sqrt, v_store, v_zero, widen)
+from .simd import (LANES, VECTORS, f32, kahan, kahan1, narrow, v_add, v_div, v_gather, v_get, v_load, v_max_range,
+                   v_mul, v_neg, v_splat, v_sqrt, v_store, v_zero, widen)
 from .vmath import v_exp32, v_exp32_sub, v_tanh32
 
 ATILE = 64  # cache positions per tile of the transposed key cache
@@ -157,6 +157,41 @@ def rope_tables(n_pos, inv_freq, cos, sin):
 # ---------------------------------------------------------------------------------------------------
 # Attention.
 
+def _pv_passes(W: int):
+    """pv(scores, lo, n, v_cache, vi, vrow, d0, d1, out, oi, den, have) -> (den, have): dims d0..d1 (a
+    multiple of W lanes apart) of the weighted sum of V, W dims a pass: per d, the Kahan sum over
+    positions lo..n-1 in order of scores[i] * v[vi + i vrow + d], divided by den and stored at
+    out[oi + d]. Until `have`, the first pass also sums den (the scores, Kahan in position order): a
+    scalar chain riding beside W independent ones. W changes which dims share a pass, never a dim's
+    operations, so every width gives the same bits."""
+    Z, S, L = VECTORS[W]
+
+    def pv(scores, lo, n, v_cache, vi, vrow, d0, d1, out, oi, den, have):
+        for d in range(d0, d1, W):
+            acc = Z()
+            cmp = Z()
+            if have:
+                for i in range(lo, n):
+                    acc, cmp = kahan(v_mul(S(scores[i]), L(v_cache, vi + i * vrow + d)), acc, cmp)
+            else:
+                dc = f32(0.0)
+                for i in range(lo, n):
+                    e = scores[i]
+                    den, dc = kahan1(e, den, dc)
+                    acc, cmp = kahan(v_mul(S(e), L(v_cache, vi + i * vrow + d)), acc, cmp)
+                have = True
+            v_store(out, oi + d, v_div(acc, S(den)))
+        return den, have
+
+    return njit(inline="always")(pv)
+
+
+# Head dims in passes of 64 lanes, then 32 and 16 (Phi-3's 96 = 64 + 32), the rest one dim at a time.
+# (64 lanes of sums and compensations are the whole register file of AVX2's 16 ymm; 32-lane passes
+# measured no faster there: bench/README.md, "Attention per vector unit".)
+_pv64, _pv32, _pv16 = (_pv_passes(w) for w in (64, 32, 16))
+
+
 @njit(cache=True, inline="always")
 def _attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, window, out, t, h, scores):
     """Row t, head h: scores over positions lo..pos[t] of sequence slot[t] (lo = 0, or the first of the
@@ -165,8 +200,7 @@ def _attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale
     q.k: per position, Kahan over d in order (64 positions at a time, one per lane). The running max
     is a float64 holding a float32 (as the scalar `m = -np.inf; if s > m: m = s`), and exp32 takes
     the float64 difference. The denominator is a Kahan sum over positions in order; the weighted sum
-    of V a Kahan sum over positions in order per d (64 d at a time, one per lane, where head_dim
-    allows)."""
+    of V a Kahan sum over positions in order per d (`_pv_passes`)."""
     group = n_heads // n_kv_heads
     sl = slot[t]
     n = pos[t] + 1
@@ -197,35 +231,28 @@ def _attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale
         v_store(scores, j * ATILE, v_exp32_sub(v_load(scores, j * ATILE), m))
     vo = g * head_dim
     vrow = v_cache.shape[2]
-    vbase = sl * v_cache.shape[1] * vrow
-    den = f32(0.0)
-    dc = f32(0.0)
-    if head_dim % LANES == 0:
-        # the denominator's sum rides along with the first 64 dims' weighted sum (independent chains)
-        acc = v_zero()
-        cmp = v_zero()
-        for i in range(lo, n):
-            e = scores[i]
-            den, dc = kahan1(e, den, dc)
-            acc, cmp = kahan(v_mul(v_splat(e), v_load(v_cache, vbase + i * vrow + vo)), acc, cmp)
-        v_store(out, t * out.shape[1] + qo, v_div(acc, v_splat(den)))
-        for d0 in range(LANES, head_dim, LANES):
-            acc = v_zero()
-            cmp = v_zero()
+    vi = sl * v_cache.shape[1] * vrow + vo
+    oi = t * out.shape[1] + qo
+    d1 = head_dim - head_dim % 64
+    d2 = d1 + (head_dim - d1) // 32 * 32
+    d3 = d2 + (head_dim - d2) // 16 * 16
+    den, have = _pv64(scores, lo, n, v_cache, vi, vrow, 0, d1, out, oi, f32(0.0), False)
+    den, have = _pv32(scores, lo, n, v_cache, vi, vrow, d1, d2, out, oi, den, have)
+    den, have = _pv16(scores, lo, n, v_cache, vi, vrow, d2, d3, out, oi, den, have)
+    if d3 < head_dim:
+        if not have:
+            dc = f32(0.0)
             for i in range(lo, n):
-                acc, cmp = kahan(v_mul(v_splat(scores[i]), v_load(v_cache, vbase + i * vrow + vo + d0)), acc, cmp)
-            v_store(out, t * out.shape[1] + qo + d0, v_div(acc, v_splat(den)))
-    else:
-        for i in range(lo, n):
-            den, dc = kahan1(scores[i], den, dc)
-        acc1 = np.zeros(head_dim, np.float32)
-        cmp1 = np.zeros(head_dim, np.float32)
+                den, dc = kahan1(scores[i], den, dc)
+        nd = head_dim - d3
+        acc1 = np.zeros(nd, np.float32)
+        cmp1 = np.zeros(nd, np.float32)
         for i in range(lo, n):
             p = scores[i]
-            for d in range(head_dim):
-                acc1[d], cmp1[d] = kahan1(p * widen(v_cache[sl, i, vo + d]), acc1[d], cmp1[d])
-        for d in range(head_dim):
-            out[t, qo + d] = acc1[d] / den
+            for d in range(nd):
+                acc1[d], cmp1[d] = kahan1(p * widen(v_cache[sl, i, vo + d3 + d]), acc1[d], cmp1[d])
+        for d in range(nd):
+            out[t, qo + d3 + d] = acc1[d] / den
 
 
 @njit(parallel=True, cache=True)

@@ -266,6 +266,7 @@ v_zero, v_splat, v_load = _vec_ops(_F32V)
 v32_zero, v32_splat, v32_load = _vec_ops(_F32V32)
 _F32V16 = _F32VType(16)
 v16_zero, v16_splat, v16_load = _vec_ops(_F32V16)
+VECTORS = {64: (v_zero, v_splat, v_load), 32: (v32_zero, v32_splat, v32_load), 16: (v16_zero, v16_splat, v16_load)}
 
 
 def _binop(name):
@@ -415,3 +416,4 @@ def kahan1(part, s, c):
     y = part - c
     z = s + y
     return z, (z - s) - y
+

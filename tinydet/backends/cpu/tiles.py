@@ -18,8 +18,7 @@ from functools import lru_cache
 
 from numba import njit
 
-from .simd import KBLOCK, LANES, at, kahan, target_isa, v16_load, v16_splat, v16_zero, v32_load, v32_splat, v32_zero, \
-    v_add, v_get, v_load, v_mul, v_splat, v_store, v_zero
+from .simd import KBLOCK, LANES, VECTORS, at, kahan, target_isa, v_add, v_get, v_mul, v_store
 
 # Per vector unit, the tiles of each product: [(from T rows on, rows per pass largest first, lanes)], the
 # last entry whose T applies. "direct": float32 panels read from memory; "buffered": a panel widened or
@@ -47,7 +46,6 @@ def put(out, t, n0, n_out, v, width):
 
 
 _ENV = {"KBLOCK": KBLOCK, "LANES": LANES, "at": at, "kahan": kahan, "v_add": v_add, "v_mul": v_mul}
-_VECTORS = {64: (v_zero, v_splat, v_load), 32: (v32_zero, v32_splat, v32_load), 16: (v16_zero, v16_splat, v16_load)}
 
 
 def _compile(src: str, name: str, **env):
@@ -68,7 +66,7 @@ def dot(R: int, W: int):
     lines += [f"            a{i} = v_add(a{i}, v_mul(w, S(at(x, r{i} + k))))" for i in r]
     lines += [f"        s{i}, c{i} = kahan(a{i}, s{i}, c{i})" for i in r]
     lines += [f"    return ({''.join(f's{i}, ' for i in r)})"]
-    Z, S, L = _VECTORS[W]
+    Z, S, L = VECTORS[W]
     return njit(inline="always")(_compile("\n".join(lines), "dot", Z=Z, S=S, L=L))
 
 

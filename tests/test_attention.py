@@ -1,0 +1,73 @@
+"""The attention kernel against the contract's order written out in NumPy float32 element-wise operations
+(each correctly rounded, none reassociated), bit for bit: per position, q.k a Kahan sum over d in
+order, times the scale; the max; exp of the float64 difference (tinydet's own exp); the denominator
+and each dim's weighted sum of V Kahan sums over positions in order. Head dims that run in passes of
+64, 32 and 16 lanes and one dim at a time (Phi-3's 96 = 64 + 32, 80 = 64 + 16, 8 and 40 with a scalar
+tail), with and without a sliding window, fp32 and fp16 caches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tinydet.backends.cpu import ops
+from tinydet.backends.cpu.mathfn import exp64
+
+f32 = np.float32
+
+
+def kahan(part, s, c):
+    y = part - c
+    z = s + y
+    return z, (z - s) - y
+
+
+def reference(q, k, v, pos, n_heads, n_kv, D, scale, window):
+    """q (T, n_heads D); k, v (positions, n_kv, D) float32 (fp16 values widened): (T, n_heads D)."""
+    out = np.zeros(q.shape, np.float32)
+    group = n_heads // n_kv
+    for t, p in enumerate(pos):
+        n = p + 1
+        lo = max(0, n - window) if window > 0 else 0
+        for h in range(n_heads):
+            g = h // group
+            kk = k[lo:n, g]  # (positions, D)
+            s = np.zeros(n - lo, np.float32)
+            c = np.zeros(n - lo, np.float32)
+            for d in range(D):
+                s, c = kahan(q[t, h * D + d] * kk[:, d], s, c)
+            s = s * scale
+            m = float(np.max(s))
+            e = np.array([f32(exp64(float(x) - m)) for x in s], np.float32)
+            den, dc = f32(0.0), f32(0.0)
+            acc = np.zeros(D, np.float32)
+            cmp = np.zeros(D, np.float32)
+            for i in range(n - lo):
+                den, dc = kahan(e[i], den, dc)
+                acc, cmp = kahan(e[i] * v[lo + i, g], acc, cmp)
+            out[t, h * D:(h + 1) * D] = acc / den
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+@pytest.mark.parametrize("D", [8, 40, 64, 80, 96, 112, 128])
+@pytest.mark.parametrize("window", [0, 50])
+def test_attention_gives_the_contract_order_bit_for_bit(D, window, dtype):
+    rng = np.random.default_rng(D * 10 + window)
+    n_heads, n_kv, ctx = 4, 2, 192
+    pos = np.array([0, 63, 64, 130], np.int64)
+    k = rng.standard_normal((ctx, n_kv, D)).astype(np.float32)
+    v = rng.standard_normal((ctx, n_kv, D)).astype(np.float32)
+    q = rng.standard_normal((len(pos), n_heads * D)).astype(np.float32)
+    if dtype == "fp16":
+        k, v = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
+    # the caches' layouts: keys (slot, kv_head, pos // 64, d, pos % 64), values (slot, pos, kv_dim)
+    kc = np.ascontiguousarray(k.reshape(ctx // 64, 64, n_kv, D).transpose(2, 0, 3, 1))[None]
+    vc = np.ascontiguousarray(v.reshape(ctx, n_kv * D))[None]
+    if dtype == "fp16":
+        kc, vc = kc.astype(np.float16).view(np.uint16), vc.astype(np.float16).view(np.uint16)
+    out = np.full(q.shape, np.nan, np.float32)
+    scale = f32(1.0 / np.sqrt(D))
+    ops.attention(q, kc, vc, pos, np.zeros(len(pos), np.int64), n_heads, n_kv, D, scale, window, out)
+    ref = reference(q, k, v, pos, n_heads, n_kv, D, scale, window)
+    assert np.array_equal(out.view(np.uint32), ref.view(np.uint32)), np.abs(out - ref).max()
