@@ -416,4 +416,3 @@ def kahan1(part, s, c):
     y = part - c
     z = s + y
     return z, (z - s) - y
-
