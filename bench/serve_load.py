@@ -83,25 +83,35 @@ class Server:
                    str(threads), "--max-batch", str(clients), "--max-queue", "1024", "--port", str(self.port),
                    "--canary-interval", "0", "--served-model-name", "m", *tinydet_args.split(), *extra]
         self.cmd = cmd
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{spec}: server did not come up: {' '.join(cmd)}")
-            time.sleep(0.2)
+        self.proc, self.url = start_server(spec, cmd, self.port)
 
     def stop(self):
-        self.proc.terminate()
+        stop_server(self.proc)
+
+
+def start_server(spec: str, cmd: list[str], port: int, timeout: float = 300) -> tuple[subprocess.Popen, str]:
+    """Start a server process and wait until its /health answers 200: (process, base URL)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while True:
         try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"{spec}: server did not come up: {' '.join(cmd)}")
+        time.sleep(0.2)
+
+
+def stop_server(proc: subprocess.Popen, timeout: float = 30) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def one_request(http: httpx.Client, url: str, ids: list[int], new_tokens: int) -> dict:

@@ -1,5 +1,6 @@
 """JSON files of a model directory (config.json, tokenizer_config.json, a shard index, a safetensors
-header): parsed strictly, every problem a ModelFormatError naming the file and the field."""
+header): parsed strictly, every problem a ModelFormatError naming the file and the field. And the
+one writer of tinydet's own JSON files (golden hashes, rollout records)."""
 
 from __future__ import annotations
 
@@ -49,3 +50,13 @@ def read_json(path: Path, field: str, required: bool = True) -> dict | None:
     if not isinstance(data, dict):
         raise ModelFormatError(path, field, "expected a JSON object")
     return data
+
+
+def write_json(path, obj) -> None:
+    """Write `obj` as indented JSON, through a temporary file renamed over `path`: a reader never sees
+    half a file, and an old one stays whole until the new one is complete."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp.replace(path)

@@ -41,6 +41,19 @@ def _json(obj, status: int = 200, headers: dict | None = None) -> Response:
     return Response(_dumps(obj), status, headers=headers, media_type="application/json")
 
 
+async def read_body(req: HTTPRequest) -> bytes:
+    """The request's body, at most MAX_BODY bytes (else 413)."""
+    raw = bytearray()
+    try:
+        async for part in req.stream():
+            raw += part
+            if len(raw) > MAX_BODY:
+                raise APIError(413, f"request body: larger than {MAX_BODY >> 20} MiB", code="body_too_large")
+    except ClientDisconnect:
+        raise APIError(400, "the client went away before sending the body") from None
+    return bytes(raw)
+
+
 @dataclass
 class _Job:
     """One choice: the engine request and what its answer needs."""
@@ -127,16 +140,7 @@ class _App:
     async def _body(self, req: HTTPRequest, cls):
         self._auth(req)
         self.service.check_ready()
-        raw = bytearray()
-        try:
-            async for part in req.stream():
-                raw += part
-                if len(raw) > MAX_BODY:
-                    raise APIError(413, f"request body: larger than {MAX_BODY >> 20} MiB", code="body_too_large")
-        except ClientDisconnect:
-            raise APIError(400, "the client went away before sending the body") from None
-        raw = bytes(raw)
-        body = parse(cls, raw)
+        body = parse(cls, await read_body(req))
         req.state.log.update(model=body.model, stream=body.stream, n=body.n)
         if body.model != self.service.name:
             raise APIError(404, f"model: {body.model!r} is not served here (this server serves "
@@ -147,16 +151,30 @@ class _App:
                                 f"server computes {fp}", param="system_fingerprint", code="fingerprint_mismatch")
         return body
 
-    def _seed(self, body) -> int:
+    @staticmethod
+    def _pinned(req: HTTPRequest) -> dict:
+        """What a cluster's ingress fixed for this request (`cluster.py`: id, created, seed), so that any
+        replica answers it with the same bytes; empty for a request from a client."""
+        return req.scope.get("state", {}).get("pinned") or {}
+
+    def _ids(self, req: HTTPRequest, prefix: str) -> tuple[str, int]:
+        """The answer's id and creation time."""
+        pin = self._pinned(req)
+        return f"{prefix}-{pin.get('id') or uuid.uuid4().hex}", pin.get("created") or int(time.time())
+
+    def _seed(self, req: HTTPRequest, body) -> int:
         """The request's seed, or one picked now when it samples without one (returned, to reproduce it)."""
         if body.seed is not None:
             return body.seed
-        return secrets.randbits(63) if (body.temperature is None or body.temperature > 0) else 0
+        if body.temperature is not None and body.temperature <= 0:
+            return 0
+        pinned = self._pinned(req).get("seed")
+        return secrets.randbits(63) if pinned is None else pinned
 
-    def _jobs(self, body, prompts: list[tuple[str, list[int]]], max_tokens: int | None, top: int | None,
-              echo: bool, param: str) -> tuple[list[_Job], int]:
+    def _jobs(self, req: HTTPRequest, body, prompts: list[tuple[str, list[int]]], max_tokens: int | None,
+              top: int | None, echo: bool, param: str) -> tuple[list[_Job], int]:
         model, ctx = self.service.model, self.service.model.config.context_length
-        seed = self._seed(body)
+        seed = self._seed(req, body)
         temperature = 1.0 if body.temperature is None else body.temperature
         jobs = []
         for p, (text, ids) in enumerate(prompts):
@@ -336,8 +354,8 @@ class _App:
                 raise APIError(400, f"{where}: {e}", param="prompt") from None
             prompts.append((text, ids))
         max_tokens = 16 if body.max_tokens is None else body.max_tokens  # OpenAI's default here
-        jobs, seed = self._jobs(body, prompts, max_tokens, body.logprobs, body.echo, "prompt")
-        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        jobs, seed = self._jobs(req, body, prompts, max_tokens, body.logprobs, body.echo, "prompt")
+        rid, created = self._ids(req, "cmpl")
 
         def logprobs(job: _Job, entries: list[tuple], offset: int, with_prompt: bool) -> tuple[dict, int]:
             """OpenAI's completions logprobs for `entries`, the first at character `offset` of the
@@ -408,8 +426,8 @@ class _App:
             raise APIError(400, f"messages: {e}", param="messages") from None
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         top = (body.top_logprobs or 0) if body.logprobs else None
-        jobs, seed = self._jobs(body, [("", ids)], max_tokens, top, False, "messages")
-        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        jobs, seed = self._jobs(req, body, [("", ids)], max_tokens, top, False, "messages")
+        rid, created = self._ids(req, "chatcmpl")
 
         def content(entries):
             out = []

@@ -63,6 +63,7 @@ class Service:
         self.model = self.engine = None
         self.fingerprint: str | None = None
         self.state, self.problem = "loading", None  # "loading" | "ready" | "failed"
+        self.mismatches = 0  # canary runs whose hashes differed from the recorded ones
         self.created = int(time.time())
         self._stop = threading.Event()
         self._submit_lock = threading.Lock()
@@ -191,6 +192,7 @@ class Service:
                 self.log.write({"event": "canary", "result": "baseline", **got})
             elif got != want:
                 ok = False
+                self.mismatches += 1
                 self.metrics.canary_mismatches.inc()
                 log.error("DETERMINISM CANARY MISMATCH for %r: expected %s, got %s", case, want, got)
                 self.log.write({"event": "canary", "result": "mismatch", "case": case, "expected": want, "got": got})

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from ..errors import TinydetError
+from ..formats.jsonfile import write_json
 
 SETTINGS = ("prompt", "dtype", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed")
 
@@ -66,13 +67,9 @@ def write_golden(path, model_name: str, model_sha256: str, results: list[dict], 
     if path.exists() and not overwrite:
         raise TinydetError(f"{path}: exists; golden hashes change only on purpose — pass --overwrite and "
                            "record the reason in CHANGELOG.md")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"model": model_name, "model_sha256": model_sha256,
-            "note": "Regenerate with `tinydet golden MODEL --write FILE --overwrite`; say why in CHANGELOG.md.",
-            "cases": results}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_json(path, {"model": model_name, "model_sha256": model_sha256,
+                      "note": "Regenerate with `tinydet golden MODEL --write FILE --overwrite`; say why in CHANGELOG.md.",
+                      "cases": results})
 
 
 def model_loader(path, threads: int | None = None, **loaded):

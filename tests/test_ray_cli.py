@@ -1,0 +1,83 @@
+"""`tinydet serve --ray` and `tinydet rollout` as a user runs them: the README's commands, a local Ray
+cluster started and stopped by the server, the official `openai` client against it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+pytest.importorskip("ray.serve", reason="the ray extra is not installed: pip install 'tinydet[ray]'")
+openai = pytest.importorskip("openai", reason="the openai client is not installed (the test extra has it)")
+
+from test_ray import _bad_canary  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tinydet(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "tinydet", *args], capture_output=True, text=True, timeout=300, **kw)
+
+
+def test_serve_ray_rollout_and_sigterm(stories_path, stories_models, tmp_path):
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "tinydet", "serve", "--ray", "--replicas", "2", "--model",
+                               str(stories_path), "--served-model-name", "stories", "--port", str(port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, "RAY_ADDRESS": ""})
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert server.poll() is None, server.stdout.read()
+            try:
+                r = httpx.get(f"{url}/health", timeout=5)
+                if r.status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "not ready in 3 minutes"
+            time.sleep(0.5)
+        health = r.json()
+        assert health["backends"][0]["replicas"] == {"RUNNING": 2}
+        stories = stories_models["fp32"]
+        assert health["backends"][0]["system_fingerprint"] == stories.fingerprint
+
+        c = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        got = c.completions.create(model="stories", prompt="Once upon a time", max_tokens=20, temperature=0)
+        want = stories.generate("Once upon a time", max_tokens=20)
+        assert got.choices[0].text == want.text and got.system_fingerprint == stories.fingerprint
+        assert [m.id for m in c.models.list().data] == ["stories"]
+
+        dry = _tinydet("rollout", "--model", str(stories_path), "--replicas", "1", "--dry-run")
+        assert dry.returncode == 0, dry.stderr
+        plan = json.loads(dry.stdout[:dry.stdout.rindex("}") + 1])
+        assert plan["deploy"]["app"] == "tinydet-b2" and plan["retire"] == ["tinydet-b1"]
+        assert plan["deploy"]["served_model_name"] == "stories"  # the name in use, kept
+
+        broken = _tinydet("rollout", "--model", str(stories_path), "--replicas", "1", "--canary",
+                          _bad_canary(tmp_path, stories), "--step-seconds", "0")
+        assert broken.returncode == 1
+        assert "rollout failed and was rolled back" in broken.stderr and "canary" in broken.stderr
+        assert httpx.get(f"{url}/health").json()["backends"][0]["app"] == "tinydet-b1"
+        again = c.completions.create(model="stories", prompt="Once upon a time", max_tokens=20, temperature=0)
+        assert again.choices[0].text == want.text
+    finally:
+        if server.poll() is None:
+            server.send_signal(signal.SIGTERM)
+        out = server.communicate(timeout=120)[0]
+    assert server.returncode == 0, out
+    assert "stopping" in out
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{url}/health", timeout=5)
