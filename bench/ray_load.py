@@ -2,10 +2,10 @@
 `tinydet serve --threads T`, same requests, same client (serve_load.py's).
 
     python bench/ray_load.py --model SmolLM2-135M-Instruct.Q4_1.gguf [--dtype fp32] [--clients 8]
-        [--requests 2] [--new-tokens 64] [--rounds 3] [--engines single:2,ray:1,ray:2] [--json]
+        [--requests 2] [--new-tokens 64] [--rounds 3] [--engines single:2,ray:1,ray:2,ray:1x2] [--json]
 
 `single:T` is one `tinydet serve` process with T threads; `ray:R` a local Ray cluster with R replicas
-of one thread each behind the ingress. Every engine gets --clients slots per replica. For each round
+of one thread each behind the ingress (`ray:RxT`: of T threads each). Every engine gets --clients slots per replica. For each round
 the engines run in turn (the order rotating), each started fresh; C client threads send --requests
 requests each (128-token prompts, --new-tokens greedy tokens, logprobs 1, streamed).
 
@@ -29,11 +29,12 @@ from serve_load import free_port, pct, prompts, run_level, start_server, stop_se
 class Server:
     def __init__(self, spec: str, model: str, dtype: str, clients: int):
         kind, n = spec.split(":")
+        n, _, threads = n.partition("x")
         self.spec, self.port = spec, free_port()
         cmd = [sys.executable, "-m", "tinydet", "serve", "--model", model, "--dtype", dtype, "--max-batch",
                str(clients), "--max-queue", "1024", "--port", str(self.port), "--canary-interval", "0",
                "--served-model-name", "m"]
-        cmd += ["--threads", n] if kind == "single" else ["--ray", "--replicas", n, "--threads", "1"]
+        cmd += ["--threads", n] if kind == "single" else ["--ray", "--replicas", n, "--threads", threads or "1"]
         self.proc, self.url = start_server(spec, cmd, self.port, timeout=600)
 
     def stop(self):
@@ -48,7 +49,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2, help="requests per client")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--engines", default="single:2,ray:1,ray:2")
+    ap.add_argument("--engines", default="single:2,ray:1,ray:2,ray:1x2")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     a = ap.parse_args()
     engines = a.engines.split(",")
