@@ -271,3 +271,25 @@ def test_metrics_aggregate_every_replica(deployment):
         assert time.monotonic() < deadline, text[-3000:]
         time.sleep(1)
     assert all(line.endswith(" 0.0") for line in mismatches)
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_slot(deployment):
+    """The stream is cancelled through the ingress down to the replica's engine: the request ends as
+    "disconnected" there, and no sequence is left running."""
+    url, info = deployment
+    app = _live()["app"]
+    body = dict(model=NAME, prompt="Once upon a time", max_tokens=480, temperature=0, stream=True)
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as resp:
+        assert next(resp.iter_lines()).startswith("data: ")
+    deadline = time.monotonic() + 60
+    while True:  # Ray's metrics reach its endpoint every few seconds
+        lines = [line for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines()
+                 if f'app="{app}"' in line]
+        gone = sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("ray_tinydet_requests_total{")
+                   and 'outcome="disconnected"' in line)
+        running = [float(line.rsplit(" ", 1)[1]) for line in lines
+                   if line.startswith("ray_tinydet_num_requests_running{")]
+        if gone >= 1 and running and not any(running):
+            break
+        assert time.monotonic() < deadline, "\n".join(lines)[-3000:]
+        time.sleep(1)

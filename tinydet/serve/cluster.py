@@ -11,8 +11,9 @@ are the same, each taking traffic only after it has reproduced the model's golde
             request is replaced by another, and the client gets the bytes it would have got: the ingress
             fixes the answer's id, time and seed before the first try.
 
-The routing table (each backend's application, fingerprint and traffic weight) is the ingress's
-user_config: changing it (`rollout.py`) reconfigures the ingress without restarting it.
+The routing table (each backend's application, fingerprint and traffic weight) lives in a detached
+actor (`Routes`) that the ingress watches, so `tinydet rollout` can change it from another process and
+it outlives an ingress restart.
 """
 
 from __future__ import annotations
@@ -120,7 +121,8 @@ class Replica:
 
         scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
                  "method": method, "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
-                 "query_string": query.encode("latin-1"), "client": ("ingress", 0), "server": ("replica", 0),
+                 "query_string": query.encode("latin-1"), "client": (pinned.get("client") or "ingress", 0),
+                 "server": ("replica", 0),
                  "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers],
                  "state": {"pinned": pinned}}
 
@@ -195,7 +197,7 @@ async def relay(backends: list[Backend], call: tuple, on_retry=None):
     for attempt in range(ATTEMPTS):
         b = random.choices(backends, [max(x.weight, 1e-9) for x in backends])[0]
         gen = b.handle.options(stream=True).http.remote(*call)
-        got = 0
+        got, done = 0, False
         try:
             async for item in gen:
                 if isinstance(item, tuple):
@@ -214,6 +216,7 @@ async def relay(backends: list[Backend], call: tuple, on_retry=None):
                 if item:
                     sent += item
                     yield item
+            done = True
             return
         except RayActorError as e:  # the replica died or is unreachable: again, elsewhere
             log.warning("%s: a replica of %s failed under a request (%s); retrying (%d/%d)", call[2], b.app,
@@ -221,20 +224,24 @@ async def relay(backends: list[Backend], call: tuple, on_retry=None):
             if on_retry is not None:
                 on_retry(b.app)
             await asyncio.sleep(min(0.05 * 2 ** attempt, 2.0))
+        finally:
+            if not done:  # the caller went away (or this try failed): the replica stops computing it
+                gen.cancel()
     raise APIError(503, f"no replica could answer after {ATTEMPTS} tries", type="server_error", code="unavailable",
                    headers={"Retry-After": "1"})
 
 
-def pinned_call(method: str, path: str, query: str, headers: list, body: bytes) -> tuple:
-    """Replica.http's arguments with the answer's id, time and seed fixed here, once, for every try."""
-    pinned = {"id": uuid.uuid4().hex, "created": int(time.time()), "seed": secrets.randbits(63)}
+def pinned_call(method: str, path: str, query: str, headers: list, body: bytes, client: str = "") -> tuple:
+    """Replica.http's arguments with the answer's id, time and seed fixed here, once, for every try
+    (and the client's address, for the replica's request log)."""
+    pinned = {"id": uuid.uuid4().hex, "created": int(time.time()), "seed": secrets.randbits(63), "client": client}
     return pinned, method, path, query, headers, body
 
 
 # -- the ingress ----------------------------------------------------------------------------------
 
 class Ingress:
-    """The HTTP front (module docstring). user_config: {"backends": [{"app", "fingerprint", "weight"}]}."""
+    """The HTTP front (module docstring), routing by the table in `Routes`."""
 
     async def __init__(self):
         self.backends: list[Backend] = []
@@ -315,7 +322,7 @@ class Ingress:
         body = await read_body(req)
         backends = self._route(body)
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in req.headers.raw]
-        call = pinned_call(req.method, req.url.path, req.url.query, headers, body)
+        call = pinned_call(req.method, req.url.path, req.url.query, headers, body, req.client.host if req.client else "")
         gen = relay(backends, call, lambda app: self._retries.inc(1, tags={"app": app}))
         status, head = await gen.__anext__()
         head = [(k, v) for k, v in head if k.lower() != "content-length"]
