@@ -541,3 +541,16 @@ def test_chat_template_error_one_line(template, part):
     with pytest.raises(ChatTemplateError) as e:
         render_chat(template, CHAT)
     assert one_line(e.value) and part in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["\n", "a\tb\x00", "é\r"])
+def test_safetensors_tensor_name_with_control_characters(tmp_path, name):
+    """A tensor named "\\n" once gave a two-line message (found by test_fuzz's safetensors target)."""
+    from tinydet.formats.safetensors import SafetensorsFile
+
+    text = json.dumps({name: {}}).encode()
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(struct.pack("<Q", len(text)) + text)
+    with pytest.raises(ModelFormatError) as e:
+        SafetensorsFile(path)
+    assert one_line(e.value) and "exactly dtype, shape and data_offsets" in str(e.value)

@@ -13,7 +13,10 @@ class ModelFormatError(TinydetError):
     def __init__(self, path, field: str, message: str):
         self.path = str(path)
         self.field = field
-        super().__init__(f"{self.path}: {field}: {message}")
+        # A field named by the file (a tensor name, a key) may hold a newline or other control
+        # characters: shown escaped, so the message stays one line.
+        shown = field if field.isprintable() else field.encode("unicode_escape").decode("ascii")
+        super().__init__(f"{self.path}: {shown}: {message}")
 
 
 class ContextLengthError(TinydetError):
