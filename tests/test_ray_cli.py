@@ -26,8 +26,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _tinydet(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "tinydet", *args], capture_output=True, text=True, timeout=300, **kw)
+def _tinydet(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "tinydet", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def test_serve_ray_rollout_and_sigterm(stories_path, stories_models, tmp_path):
@@ -81,3 +81,13 @@ def test_serve_ray_rollout_and_sigterm(stories_path, stories_models, tmp_path):
     assert "stopping" in out
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{url}/health", timeout=5)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["serve", "--ray", "--ray-address", "127.0.0.1:1"], "--ray-address 127.0.0.1:1: nothing answers there"),
+    (["serve", "--replicas", "2"], "--replicas and --ray-address go with --ray"),
+    (["rollout", "--steps", "0.5,0.2,1"], "--steps 0.5,0.2,1: expected increasing shares"),
+])
+def test_bad_ray_options_are_one_line_errors(stories_path, args, message):
+    r = _tinydet(*args, "--model", str(stories_path), timeout=60)
+    assert r.returncode == 1 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -508,8 +508,8 @@ def replica_options(fn):
               help="Seconds running requests get to finish after SIGTERM.")
 @click.option("--ray", "on_ray", is_flag=True, help="Serve replicas on Ray Serve (the ray extra), each gated by the "
               "model's golden hashes before it takes traffic.")
-@click.option("--replicas", type=click.IntRange(min=1), default=2, show_default=True,
-              help="With --ray: replicas of the model (each with --threads threads, default 1).")
+@click.option("--replicas", type=click.IntRange(min=1), default=None,
+              help="With --ray: replicas of the model (each with --threads threads, default 1). Default: 2.")
 @click.option("--ray-address", default=None, help="With --ray: the Ray cluster to join (e.g. auto, or "
               "ray://host:10001). Default: start a local one, stopped on exit.")
 @cli_errors
@@ -526,9 +526,10 @@ def serve(model_name, host, port, dtype, threads, max_batch, max_queue, prefill_
         spec = _replica_spec(cluster, model_name, dtype, threads, max_batch, max_queue, prefill_chunk, prefix_cache_mb,
                              api_key, log_path, served_model_name, canary_file, canary_interval, verify)
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-        cluster.run(spec, replicas, host, port, ray_address, shutdown_timeout, echo=lambda m: click.echo(m, err=True))
+        cluster.run(spec, replicas or 2, host, port, ray_address, shutdown_timeout,
+                    echo=lambda m: click.echo(m, err=True))
         return
-    if replicas != 2 or ray_address is not None:
+    if replicas is not None or ray_address is not None:
         raise TinydetError("--replicas and --ray-address go with --ray")
 
     try:

@@ -554,6 +554,14 @@ def connect(address: str | None) -> bool:
         ray.init(num_cpus=2 * (os.cpu_count() or 1), include_dashboard=False, logging_level=logging.WARNING,
                  log_to_driver=False)
         return True
+    host, _, port = address.rpartition("://")[2].rpartition(":")
+    if host and port.isdigit():  # Ray retries an address nobody listens on for minutes: ask first
+        import socket
+
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except OSError as e:
+            raise TinydetError(f"--ray-address {address}: nothing answers there ({e.strerror or e})") from None
     try:
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as e:
