@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,13 +16,7 @@ import pytest
 pytest.importorskip("ray.serve", reason="the ray extra is not installed: pip install 'tinydet[ray]'")
 openai = pytest.importorskip("openai", reason="the openai client is not installed (the test extra has it)")
 
-from test_ray import _bad_canary  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from test_ray import _bad_canary, _free_port  # noqa: E402
 
 
 def _tinydet(*args, timeout=300):

@@ -64,8 +64,6 @@ class Replica:
         from .app import create_app
         from .service import Service
 
-        self.spec = spec
-
         def loader():
             m = load(spec["model"], dtype=spec["dtype"], threads=spec["threads"], check_memory=spec["check_memory"])
             if spec["sha256"] and m.sha256 != spec["sha256"]:

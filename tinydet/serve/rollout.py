@@ -97,10 +97,8 @@ def _probe(new: cluster.Backend, olds: list[cluster.Backend], probes: list[dict]
             status, got = await _answer(new, call)
             record = {"path": p["path"], "body": p["body"], "status": status,
                       "sha256": hashlib.sha256(got).hexdigest()}
-            for old in olds:
+            for old in (o for o in olds if o.fingerprint == new.fingerprint):
                 want = await _answer(old, call)
-                if old.fingerprint != new.fingerprint:
-                    continue
                 if want != (status, got):
                     raise RolloutFailed(f"probe {p['path']} {json.dumps(p['body'])}: {new.app} answered other bytes "
                                         f"than {old.app} with the same fingerprint {new.fingerprint} "
