@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tinydet
-from tinydet.backends.cpu.forward import OPS
+from tinydet.backends.base import OPS
 from tinydet.errors import ContextLengthError, TinydetError
 
 PROMPT = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338]

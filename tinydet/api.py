@@ -13,7 +13,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from . import memory
-from .backends import Backend, load_backend
+from .backends import Backend, load_backend, open_device
 from .engine import Engine, Generation, Request, check_context, generate, generate_batch, stream
 from .engine.sequence import check_stop
 from .errors import TinydetError
@@ -220,7 +220,7 @@ class Model:
 
 def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: int | None = None,
          progress: Callable[[int, int, str], None] | None = None, verify: bool = False,
-         log: str | os.PathLike | None = None, check_memory: bool | None = None) -> Model:
+         log: str | os.PathLike | None = None, check_memory: bool | None = None, device: str = "cpu") -> Model:
     """Load a model: a GGUF file, a Hugging Face directory (config.json + safetensors), or the name of
     a known model (`tinydet models`), pulled into the cache on first use; None means the default
     model. `dtype` is "fp32", "fp16" (weights and KV cache stored as binary16, arithmetic in
@@ -230,7 +230,9 @@ def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: i
     (time, request id, version, model SHA-256, prompt/output/logits hashes, settings, timings).
     Before packing, the memory the load needs (weights at `dtype` + a KV cache, `memory.check_memory`)
     is compared with what the machine has available, and a load that does not fit raises
-    MemoryLimitError; `check_memory=False` (or, when it is None, TINYDET_NO_MEMORY_CHECK=1) skips that."""
+    MemoryLimitError; `check_memory=False` (or, when it is None, TINYDET_NO_MEMORY_CHECK=1) skips that.
+    `device` is "cpu", or "cuda" / "cuda:N" for an NVIDIA GPU through CuPy (the CPU's bits; weights are
+    packed in host memory, then copied), or "cuda-host" (the GPU's kernels emulated on the CPU, slowly)."""
     from .registry import DEFAULT_MODEL
 
     from .backends.cpu import DTYPES, check_threads
@@ -238,9 +240,10 @@ def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: i
     if dtype not in DTYPES:
         raise TinydetError(f"dtype: expected one of {', '.join(DTYPES)}, found {dtype!r}")
     check_threads(threads)
+    dev = open_device(device)
     ck = open_checkpoint(DEFAULT_MODEL if model is None else model, progress, verify=verify)
     if check_memory is None:
         check_memory = os.environ.get(memory.ENV_OVERRIDE, "") in ("", "0")
     if check_memory:
         memory.check_memory(ck.path, ck.config, ck.tensors, dtype)
-    return Model(ck.path, load_backend("cpu", ck.config, ck.tensors, dtype, threads), ck.tokenizer, ck.metadata, log)
+    return Model(ck.path, load_backend(dev, ck.config, ck.tensors, dtype, threads), ck.tokenizer, ck.metadata, log)

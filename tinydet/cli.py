@@ -84,8 +84,24 @@ no_memory_check_option = click.option(
     help="Load even when the estimated memory needed exceeds what is available (TINYDET_NO_MEMORY_CHECK=1).")
 
 
+def _check_device(ctx, param, value):
+    from .backends import check_device
+
+    try:
+        return check_device(value)
+    except TinydetError as e:
+        raise click.BadParameter(str(e).partition(": ")[2]) from None
+
+
+device_option = click.option(
+    "--device", default="cpu", show_default=True, callback=_check_device, metavar="cpu|cuda[:N]|cuda-host",
+    help="Where the forward pass runs: the CPU; an NVIDIA GPU through CuPy (the cuda12 or cuda13 extra), with the "
+         "CPU's bits; or cuda-host, the GPU's kernels emulated on the CPU (slow: for checking them without a GPU).")
+
+
 def model_options(fn):
     for opt in reversed([
+        device_option,
         no_memory_check_option,
         click.option("--model", "model_name", default=None,
                      help="A GGUF file, a Hugging Face directory or a known model name (`tinydet models`). "
@@ -121,7 +137,7 @@ COMPILE_NOTICE = ("compiling kernels for this machine (once per tinydet version,
 _compile_notice = False  # the notice's listener is registered once per process
 
 
-def _load(model_name, dtype, threads, verify, log_path=None):
+def _load(model_name, dtype, threads, verify, log_path=None, device="cpu"):
     from .api import load
     from .backends.cpu import on_first_compile
 
@@ -130,7 +146,7 @@ def _load(model_name, dtype, threads, verify, log_path=None):
         _compile_notice = True
         on_first_compile(lambda: click.echo(COMPILE_NOTICE, err=True))
     return load(model_name, dtype=dtype, threads=threads, progress=_progress(model_name or "default model"),
-                verify=verify, log=log_path, check_memory=None if _memory_check else False)
+                verify=verify, log=log_path, check_memory=None if _memory_check else False, device=device)
 
 
 def _stream(pieces) -> None:
@@ -154,10 +170,10 @@ def main():
 @click.option("--system", default=None, help="With --chat: a system message.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 @cli_errors
-def generate(prompt, model_name, dtype, threads, verify, log_path, max_tokens, temperature, top_k, top_p, min_p, seed, stop,
-             as_chat, system, as_json):
+def generate(prompt, model_name, device, dtype, threads, verify, log_path, max_tokens, temperature, top_k, top_p, min_p,
+             seed, stop, as_chat, system, as_json):
     """Continue PROMPT (empty: start from BOS), streaming the text as it is produced."""
-    model = _load(model_name, dtype, threads, verify, log_path)
+    model = _load(model_name, dtype, threads, verify, log_path, device)
     if as_chat:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         ids = model.chat_prompt(messages)
@@ -220,11 +236,12 @@ def _ctrl_c_flag():
 @sampling_options
 @click.option("--system", default=None, help="A system message to start the conversation with.")
 @cli_errors
-def chat(model_name, dtype, threads, verify, log_path, max_tokens, temperature, top_k, top_p, min_p, seed, stop, system):
+def chat(model_name, device, dtype, threads, verify, log_path, max_tokens, temperature, top_k, top_p, min_p, seed, stop,
+         system):
     """Talk with a model through its chat template. History is kept. Ctrl-C while a reply is being
     written stops it and returns to the prompt (the reply stays in the history as far as it got); an
     empty line, /exit or Ctrl-D at the prompt ends (Ctrl-C there too, with exit status 130)."""
-    model = _load(model_name, dtype, threads, verify, log_path)
+    model = _load(model_name, dtype, threads, verify, log_path, device)
     messages = [{"role": "system", "content": system}] if system else []
     kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                   min_p=min_p, seed=seed, stop=list(stop))
@@ -314,9 +331,11 @@ def info(model_name, verify):
 @click.option("--no-subprocess", is_flag=True, help="Skip the generic-CPU and reduced-NumPy-dispatch runs.")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--worker", default=None, hidden=True)
+@device_option
 @cli_errors
-def verify(model_name, prompt, new_tokens, dtypes, no_subprocess, as_json, worker):
-    """Run the determinism matrix and print a hash per cell; exit 1 on any difference."""
+def verify(model_name, prompt, new_tokens, dtypes, no_subprocess, as_json, worker, device):
+    """Run the determinism matrix and print a hash per cell; exit 1 on any difference. With a GPU
+    --device, the matrix runs there and the CPU backend's run is one more cell that must match."""
     from .api import load
     from .registry import DEFAULT_MODEL
     from .tools.verify import format_table, run_matrix, worker_hash
@@ -326,11 +345,14 @@ def verify(model_name, prompt, new_tokens, dtypes, no_subprocess, as_json, worke
         model = load(name, dtype=(dtypes or ("fp32",))[0], threads=1)
         click.echo(json.dumps({"hash": worker_hash(model, json.loads(worker), new_tokens)}))
         return
-    first = load(name, dtype="fp32", threads=1)
+    first = load(name, dtype="fp32", threads=1, device=device)
     ids = first.prompt_ids(prompt)
     show = (lambda s: click.echo(f"\r{s[:70]:<70}", err=True, nl=False)) if sys.stderr.isatty() else None
-    cells = run_matrix(lambda d, t: first if d == "fp32" else load(name, dtype=d, threads=t), name, ids, new_tokens,
-                       dtypes or ("fp32", "fp16", "native"), not no_subprocess, show)
+    # The subprocess cells vary the CPU's compile target: for a GPU, the CPU backend itself is the cell.
+    on_cpu = device == "cpu"
+    cells = run_matrix(lambda d, t: first if d == "fp32" else load(name, dtype=d, threads=t, device=device), name, ids,
+                       new_tokens, dtypes or ("fp32", "fp16", "native"), on_cpu and not no_subprocess, show,
+                       reference=None if on_cpu else lambda d: load(name, dtype=d, threads=1))
     if show:
         click.echo("", err=True)
     ok = all(c.ok for c in cells)
@@ -352,13 +374,14 @@ def verify(model_name, prompt, new_tokens, dtypes, no_subprocess, as_json, worke
 @click.option("--threads", type=click.IntRange(min=1), default=None)
 @click.option("--chunk", type=click.IntRange(min=1), default=None, help="Prefill in chunks of N tokens.")
 @click.option("--no-values", is_flag=True, help="Record hashes and statistics only, not the rows.")
+@device_option
 @no_memory_check_option
 @cli_errors
-def trace(model_name, prompt, out_path, dtype, threads, chunk, no_values):
+def trace(model_name, prompt, out_path, dtype, threads, chunk, no_values, device):
     """Record every op's output hash and statistics, per layer and position, as JSON lines."""
     from .tools.trace import run_trace, write_trace
 
-    model = _load(model_name, dtype, threads, False)
+    model = _load(model_name, dtype, threads, False, device=device)
     ids = model.prompt_ids(prompt)
     tracer = run_trace(model, ids, chunk, keep_values=not no_values)
     write_trace(out_path, model, ids, tracer, {"chunk": chunk, "prompt": prompt})
@@ -388,8 +411,9 @@ def diff(a, b, as_json):
 @click.option("--overwrite", is_flag=True, help="With --write: replace an existing golden file.")
 @click.option("--threads", type=click.IntRange(min=1), default=None)
 @click.option("--no-native", is_flag=True, help="With --check: skip re-running the fp32 cases with --dtype native.")
+@device_option
 @cli_errors
-def golden(model_name, check_path, write_path, overwrite, threads, no_native):
+def golden(model_name, check_path, write_path, overwrite, threads, no_native, device):
     """Check or (re)generate golden hashes for a model."""
     from .tools.golden import check_golden, default_cases, model_loader, n_checked, read_golden, run_cases, write_golden
     from .registry import resolve_model
@@ -397,7 +421,7 @@ def golden(model_name, check_path, write_path, overwrite, threads, no_native):
     if (check_path is None) == (write_path is None):
         raise TinydetError("golden: give exactly one of --check FILE or --write FILE")
     path = resolve_model(model_name)
-    get = model_loader(path, threads)
+    get = model_loader(path, threads, device=device)
     sha = get("fp32").sha256
     if check_path:
         data = read_golden(check_path)
@@ -422,9 +446,10 @@ def golden(model_name, check_path, write_path, overwrite, threads, no_native):
 @click.option("--new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@device_option
 @no_memory_check_option
 @cli_errors
-def bench(model_name, dtype, threads, prompt_tokens, new_tokens, repeats, as_json):
+def bench(model_name, dtype, threads, prompt_tokens, new_tokens, repeats, as_json, device):
     """Prefill and decode speed, first-token latency and peak memory of MODEL on this machine
     (default: the default model)."""
     from .tools.bench import bench as run_bench
@@ -432,7 +457,7 @@ def bench(model_name, dtype, threads, prompt_tokens, new_tokens, repeats, as_jso
 
     rss0 = current_rss_bytes()
     t0 = time.perf_counter()
-    model = _load(model_name, dtype, threads, False)
+    model = _load(model_name, dtype, threads, False, device=device)
     load_s = time.perf_counter() - t0
     r = run_bench(model, prompt_tokens, new_tokens, repeats, load_seconds=load_s, rss_before_load=rss0)
     click.echo(json.dumps(r) if as_json else format_report(r))
@@ -512,15 +537,18 @@ def replica_options(fn):
               help="With --ray: replicas of the model (each with --threads threads, default 1). Default: 2.")
 @click.option("--ray-address", default=None, help="With --ray: the Ray cluster to join (e.g. auto, or "
               "ray://host:10001). Default: start a local one, stopped on exit.")
+@device_option
 @cli_errors
 def serve(model_name, host, port, dtype, threads, max_batch, max_queue, prefill_chunk, prefix_cache_mb, api_key,
           log_path, served_model_name, canary_file, canary_interval, shutdown_timeout, verify, on_ray, replicas,
-          ray_address):
+          ray_address, device):
     """Serve a model over OpenAI's API (/v1/completions, /v1/chat/completions, /v1/models, /health,
     /metrics). Same system_fingerprint + same request + same seed = the same bytes, under any load."""
     import logging
     from pathlib import Path
 
+    if on_ray and device != "cpu":
+        raise TinydetError("--device: Ray replicas run on the CPU (--device cpu); serve a GPU without --ray")
     if on_ray:
         cluster = _cluster_module()
         spec = _replica_spec(cluster, model_name, dtype, threads, max_batch, max_queue, prefill_chunk, prefix_cache_mb,
@@ -544,7 +572,7 @@ def serve(model_name, host, port, dtype, threads, max_batch, max_queue, prefill_
     name = model_name or DEFAULT_MODEL
     if served_model_name is None:
         served_model_name = name if name in known_models() else Path(name).name
-    service = Service(lambda: _load(model_name, dtype, threads, verify), served_model_name, max_batch, max_queue,
+    service = Service(lambda: _load(model_name, dtype, threads, verify, device=device), served_model_name, max_batch, max_queue,
                       prefill_chunk, prefix_cache_mb << 20, api_key, log_path, canary_file, 60 * canary_interval)
     serving.run(service, host, port, shutdown_timeout,
                 on_bound=lambda p: click.echo(f"tinydet serve: {served_model_name} on http://{host}:{p} "

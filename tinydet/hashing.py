@@ -35,7 +35,7 @@ def source_hash() -> str:
     h = hashlib.sha256()
     for name in BIT_SOURCES:
         p = root / name
-        for f in sorted(p.rglob("*.py")) if p.is_dir() else [p]:
+        for f in sorted(f for f in p.rglob("*") if f.suffix in (".py", ".cu")) if p.is_dir() else [p]:
             h.update(f.relative_to(root).as_posix().encode() + b"\0")
             h.update(f.read_bytes())
     return h.hexdigest()

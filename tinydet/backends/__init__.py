@@ -1,19 +1,46 @@
 """Backends: where a model's forward pass runs. `base.py` says what a backend does; `cpu/` is the
-numba CPU backend, the only one so far (a GPU backend is a sibling of it)."""
+numba CPU backend, `cupy/` the GPU backend (CUDA kernels through CuPy, with the CPU's bits)."""
 
 from __future__ import annotations
 
+import re
+
 from .base import Backend, KVCache
 
-__all__ = ["Backend", "KVCache", "load_backend"]
+__all__ = ["Backend", "KVCache", "DEVICES", "check_device", "load_backend", "open_device"]
+
+# "cpu"; "cuda" or "cuda:N" (an NVIDIA GPU through CuPy); "cuda-host" (the GPU kernels run by a serial
+# emulator on the CPU: slow, for checking the kernels on a machine without a GPU).
+DEVICES = ("cpu", "cuda", "cuda:N", "cuda-host")
 
 
-def load_backend(name: str, config, tensors: dict, dtype: str, threads: int | None) -> Backend:
-    """Pack a checkpoint's tensors on backend `name` ("cpu")."""
-    if name == "cpu":
+def check_device(device: str) -> str:
+    from ..errors import TinydetError
+
+    if not isinstance(device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?|cuda-host", device):
+        raise TinydetError(f"device: expected one of {', '.join(DEVICES)}, found {device!r}")
+    return device
+
+
+def open_device(device: str):
+    """The device object of a GPU `device` (DEVICES), or None for "cpu". Opened before a model loads, so
+    that a missing CuPy or GPU is reported at once."""
+    check_device(device)
+    if device == "cpu":
+        return None
+    from .cupy import CudaDevice, HostDevice
+
+    return HostDevice() if device == "cuda-host" else CudaDevice(int(device.partition(":")[2] or 0))
+
+
+def load_backend(device, config, tensors: dict, dtype: str, threads: int | None) -> Backend:
+    """Pack a checkpoint's tensors for `device`: a name of DEVICES, or what `open_device` returned."""
+    if isinstance(device, str):
+        device = open_device(device)
+    if device is None:
         from .cpu import CPUBackend
 
         return CPUBackend(config, tensors, dtype, threads)
-    from ..errors import TinydetError
+    from .cupy import CudaBackend
 
-    raise TinydetError(f"backend: expected 'cpu', found {name!r}")
+    return CudaBackend(config, tensors, dtype, threads, device)

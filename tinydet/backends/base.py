@@ -22,6 +22,10 @@ from ..errors import ContextLengthError, TinydetError
 # hook(layer or None, op name, positions (n,), slots (n,), rows (n, width) float32): called after
 # each op of the pass with its output rows, which it may change in place (the next op reads them).
 Hook = Callable[[int | None, str, np.ndarray, np.ndarray, np.ndarray], None]
+# The ops a hook sees, in the order a pass computes them (the post-norms only in models that have them).
+OPS = ("embedding", "attn_norm", "q", "k", "v", "rope_q", "rope_k", "attention", "attn_output",
+       "post_attention_norm", "attn_residual", "ffn_norm", "gate", "up", "activation", "down", "post_ffn_norm",
+       "ffn_residual", "final_norm", "logits")
 LOGITS = ("last", "all", "none")  # which logits rows an item wants
 
 
@@ -158,13 +162,16 @@ class Backend(ABC):
         return run_all
 
     @property
-    @abstractmethod
     def threads(self) -> int:
-        """Threads a forward pass uses (settable); the bits never depend on it."""
+        """Host threads a forward pass uses (settable; None: the CPUs available); the bits never depend
+        on it."""
+        return self._threads
 
     @threads.setter
-    @abstractmethod
-    def threads(self, n: int) -> None: ...
+    def threads(self, n: int | None) -> None:
+        from .cpu import check_threads  # numba's pool bounds it, whichever device computes
+
+        self._threads = check_threads(n)
 
     @abstractmethod
     def new_cache(self, capacity: int, n_slots: int = 1) -> KVCache: ...

@@ -117,7 +117,7 @@ def bench(model, prompt_tokens: int = 128, new_tokens: int = 64, repeats: int = 
                                       (`rss_before_load`, or measured here when this call loads)
     model_rss_over_weights_and_kv     (peak_rss_bytes - rss_before_load_bytes) / (weights + KV cache):
                                       what loading and running the model added, over what it holds
-    model, dtype, threads, prompt_tokens, new_tokens, repeats, and the machine and versions
+    model, dtype, backend (its name), threads, prompt_tokens, new_tokens, repeats, and the machine and versions
     """
     from .. import __version__
     from ..api import Model, load
@@ -163,6 +163,7 @@ def bench(model, prompt_tokens: int = 128, new_tokens: int = 64, repeats: int = 
     return {
         "model": str(model.path),
         "dtype": model.dtype,
+        "backend": model.backend.name,
         "threads": th,
         "prompt_tokens": prompt_tokens,
         "new_tokens": new_tokens,
@@ -197,7 +198,7 @@ def format_report(r: dict[str, Any]) -> str:
     runs = lambda key, fmt: ", ".join(format(v, fmt) for v in r.get(key, []))  # noqa: E731
     m = r.get("machine", {})
     lines = [
-        f"model    {Path(r['model']).name}  dtype {r['dtype']}  threads {r['threads']}",
+        f"model    {Path(r['model']).name}  dtype {r['dtype']}  threads {r['threads']}  backend {r.get('backend', '?')}",
         f"machine  {m.get('cpu', '?')} ({m.get('cpus', '?')} CPUs), Python {m.get('python', '?')}, "
         f"tinydet {r.get('versions', {}).get('tinydet', '?')}",
         f"load     {load}; warm-up run {r['warmup_s']:.2f} s (excluded)",

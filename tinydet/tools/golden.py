@@ -72,16 +72,16 @@ def write_golden(path, model_name: str, model_sha256: str, results: list[dict], 
                       "cases": results})
 
 
-def model_loader(path, threads: int | None = None, **loaded):
-    """`load(dtype)` for run_cases / check_golden: each dtype's Model loaded once, on first use;
-    `loaded` gives Models already at hand, by dtype."""
+def model_loader(path, threads: int | None = None, device: str = "cpu", **loaded):
+    """`load(dtype)` for run_cases / check_golden: each dtype's Model loaded once (on `device`), on first
+    use; `loaded` gives Models already at hand, by dtype."""
     from ..api import load
 
     models = dict(loaded)
 
     def get(dtype):
         if dtype not in models:
-            models[dtype] = load(path, dtype=dtype, threads=threads)
+            models[dtype] = load(path, dtype=dtype, threads=threads, device=device)
         return models[dtype]
 
     return get

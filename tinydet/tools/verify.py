@@ -122,8 +122,9 @@ def worker_hash(model, prompt_ids, n_new) -> str:
 
 
 def run_matrix(load, model_name, prompt_ids, n_new: int, dtypes=("fp32", "fp16", "native"), subprocesses: bool = True,
-               progress=None) -> list[Cell]:
-    """All cells for each dtype. `load(dtype, threads)` returns a Model."""
+               progress=None, reference=None) -> list[Cell]:
+    """All cells for each dtype. `load(dtype, threads)` returns a Model; `reference(dtype)`, where given,
+    another backend's Model (the CPU's, when `load` gives a GPU's) whose run is one more cell."""
     cells: list[Cell] = []
     for dtype in dtypes:
         model = load(dtype, 1)
@@ -156,6 +157,9 @@ def run_matrix(load, model_name, prompt_ids, n_new: int, dtypes=("fp32", "fp16",
             n = len(tok)
             same = tok == base_ids[:n] and lh == hash_logits(base_rows[:n])
             cells.append(Cell(dtype, "batch", where, _digest(base_ids, base_rows) if same else lh))
+        if reference is not None:
+            ref = reference(dtype)
+            add("backend", ref.backend.name, lambda: run_cached(ref, ids, n_new))
         if subprocesses:
             variants = [("numba target", v, env) for v, env in numba_targets().items()]
             variants.append(("numpy dispatch", "no AVX2/AVX-512", {"NPY_DISABLE_CPU_FEATURES": npy_dispatch_to_disable()}))

@@ -157,14 +157,6 @@ class CPUBackend(Backend):
         self._scalars = (f32(cfg.rms_eps), f32(cfg.attn_scale if cfg.attn_scale is not None else 1.0 / np.sqrt(cfg.head_dim)),
                          f32(cfg.embed_scale or 0.0), f32(cfg.logit_softcap or 0.0))
 
-    @property
-    def threads(self) -> int:
-        return self._threads
-
-    @threads.setter
-    def threads(self, n: int | None) -> None:
-        self._threads = check_threads(n)
-
     def new_cache(self, capacity: int, n_slots: int = 1) -> CPUKVCache:
         self.check_capacity(capacity)
         return CPUKVCache(self.config, capacity, "fp16" if self.dtype == "fp16" else "fp32", n_slots)

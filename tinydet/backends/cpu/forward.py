@@ -22,16 +22,12 @@ import numpy as np
 from numba import njit, objmode
 from numba.core.errors import NumbaWarning
 
+from ..base import OPS
 from .loaders import embed_rows, layer
 from .matmul import MM_GLU, MM_PLAIN, MM_RESIDUAL, mm
 from .ops import add_bias, add_rows, attention, glu_rows, rmsnorm, rope_store, scale_rows, softcap, widen_rows
 from .simd import LANES
 
-# Ops in the order the pass computes them; a hook sees their names. The post-norms exist only in
-# models that have them.
-OPS = ("embedding", "attn_norm", "q", "k", "v", "rope_q", "rope_k", "attention", "attn_output",
-       "post_attention_norm", "attn_residual", "ffn_norm", "gate", "up", "activation", "down", "post_ffn_norm",
-       "ffn_residual", "final_norm", "logits")
 (EMBEDDING, ATTN_NORM, Q, K, V, ROPE_Q, ROPE_K, ATTENTION, ATTN_OUTPUT, POST_ATTN_NORM, ATTN_RESIDUAL, FFN_NORM, GATE,
  UP, ACTIVATION, DOWN, POST_FFN_NORM, FFN_RESIDUAL, FINAL_NORM, LOGITS) = range(len(OPS))
 

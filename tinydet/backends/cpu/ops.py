@@ -28,8 +28,8 @@ SILU, GELU_TANH = 0, 1  # the gated activations (ModelConfig.activation "silu", 
 ACTIVATIONS = {"silu": SILU, "gelu_tanh": GELU_TANH}
 
 # GELU's tanh approximation, as PyTorch computes it in float32: 0.5 x (1 + tanh(b (x + k x^3)))
-_GELU_B = f32(1.41421356237309504880 * 1.12837916709551257390 * 0.5)  # sqrt(2) * (2 / sqrt(pi)) / 2
-_GELU_K = f32(0.044715)
+GELU_B = f32(1.41421356237309504880 * 1.12837916709551257390 * 0.5)  # sqrt(2) * (2 / sqrt(pi)) / 2
+GELU_K = f32(0.044715)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -292,7 +292,7 @@ def widen_rows(cache, slots, pos):
 
 @njit(cache=True, inline="always")
 def _gelu(g):
-    return (f32(0.5) * g) * (f32(1.0) + tanh32(_GELU_B * (g + _GELU_K * ((g * g) * g))))
+    return (f32(0.5) * g) * (f32(1.0) + tanh32(GELU_B * (g + GELU_K * ((g * g) * g))))
 
 
 @njit(cache=True)
@@ -300,8 +300,8 @@ def glu_span(gu, ta, tb, ffn_dim, act, n0, n1, kind):
     """act[t, n] = f(gate) * up for rows ta <= t < tb and n0 <= n < n1, gu[t] = [gate | up]."""
     one = v_splat(f32(1.0))
     half = v_splat(f32(0.5))
-    b = v_splat(_GELU_B)
-    k = v_splat(_GELU_K)
+    b = v_splat(GELU_B)
+    k = v_splat(GELU_K)
     for t in range(ta, tb):
         n = n0
         while n + LANES <= n1:

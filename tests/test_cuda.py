@@ -1,0 +1,453 @@
+"""The GPU backend (tinydet/backends/cupy), checked on a machine without a GPU.
+
+1. Its kernels' arithmetic: kernels.cu built by the host's C++ compiler into the serial emulator
+   (`--device cuda-host`) must give the CPU backend's bits: the matrix product and the embedding for
+   every storage type (special and non-finite scales included), and whole models: every architecture's
+   tiny checkpoint, fp32/fp16/native, whole and chunked prefill, decode, batches, traces, the golden
+   hashes of stories260K, and `verify`.
+2. NVRTC's code for it (the cuda-bindings and nvidia-cuda-nvrtc-cu12 wheels compile to PTX with no GPU):
+   every kernel is there, with no fused multiply-add, no approximate or flush-to-zero instruction and
+   every float add, subtract, multiply and divide rounded to nearest (`.rn`); the lint is shown to fail
+   on code that breaks each rule.
+3. The errors a user meets without CuPy or a GPU.
+What only a GPU can check (NVRTC's code running there, speed) is tools/gpu_check.sh.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import types
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import tinydet
+from contract import bits
+from test_native import NATIVE, random_blocks
+from test_native_model import PLANS, requantized
+from tinydet.backends.cpu import layout
+from tinydet.backends.cpu.loaders import embed as cpu_embed
+from tinydet.backends.cpu.matmul import matmul as cpu_matmul
+from tinydet.backends.cpu.simd import to_f16_bits
+from tinydet.backends.cupy import HostDevice, embed, product
+from tinydet.backends.cupy import device as D
+from tinydet.cli import main
+from tinydet.errors import TinydetError
+from tinydet.formats.ggml import GGML_TYPE_IDS
+from tinydet.tools.golden import check_golden, model_loader, read_golden
+from tinydet.tools.trace import diff_traces, run_trace, write_trace
+
+PROMPT = "Once upon a time, there was a little girl named Lily. She loved to play"
+
+
+@pytest.fixture(scope="module")
+def dev():
+    return HostDevice()
+
+
+def same(got, want, what=""):
+    """Bit for bit; NaN payloads aside (the CPU does not promise them either)."""
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    assert got.shape == want.shape, what
+    gn, wn = np.isnan(got), np.isnan(want)
+    assert np.array_equal(gn, wn), f"{what}: NaN positions differ"
+    diff = (bits(got) != bits(want)) & ~gn
+    assert not diff.any(), f"{what}: {int(diff.sum())} of {diff.size} differ, max {np.nanmax(np.abs(got - want))}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# 1. The kernels against the CPU backend.
+
+@pytest.mark.parametrize("rows", [1, 3, 9])
+@pytest.mark.parametrize("name", NATIVE + ["f32", "f16"])
+def test_product_every_storage_type(dev, name, rows):
+    rng = np.random.default_rng(rows)
+    n, k = (100, 512) if name in ("Q4_K", "Q5_K", "Q6_K") else (100, 160)  # a partial last panel; K % 64 != 0
+    x = (rng.standard_normal((rows, k)) * np.exp2(rng.integers(-8, 8, (rows, 1)))).astype(np.float32)
+    if name in ("f32", "f16"):
+        w = rng.standard_normal((n, k)).astype(np.float32)
+        w = layout.pack_panels(w if name == "f32" else to_f16_bits(w))
+    else:
+        w = layout.pack_quantized(random_blocks(name, n, k, seed=rows, nonfinite=True).reshape(-1), GGML_TYPE_IDS[name], k)
+    want = np.full((rows, n), np.nan, np.float32)
+    cpu_matmul(x, w, n, want)
+    same(product(dev, x, w, n), want, name)
+
+
+def test_product_float32_scales_and_mixed_storage(dev):
+    """Scales the packer keeps as float32 (signaling NaNs), and a kind of mixed types (MixedPanels)."""
+    rng = np.random.default_rng(5)
+    raw = random_blocks("Q4_1", 64, 128, seed=3).reshape(64, -1)
+    raw[0, 0:2] = np.array([0x7C01], "<u2").view(np.uint8)  # a signaling NaN scale
+    qp = layout.pack_quantized(raw.reshape(-1), layout.Q4_1, 128)
+    assert qp.d.dtype == np.float32
+    x = rng.standard_normal((4, 128)).astype(np.float32)
+    want = np.full((4, 64), np.nan, np.float32)
+    cpu_matmul(x, qp, 64, want)
+    same(product(dev, x, qp, 64), want, "float32 scales")
+
+    parts = [("Q8_0", 64), ("Q4_0", 128), ("f32", 64)]
+
+    def make(key, n, seed):
+        if key == "f32":
+            return lambda: layout.pack_panels(np.random.default_rng(seed).standard_normal((n, 128)).astype(np.float32))
+        tid = GGML_TYPE_IDS[key]
+        return lambda: layout.pack_parts([(random_blocks(key, n, 128, seed), None, tid)], tid, 128)
+
+    mixed = layout.pack_mixed([[(GGML_TYPE_IDS.get(k, k), n, make(k, n, i + 10 * li)) for i, (k, n) in enumerate(parts)]
+                               for li in range(2)], 128)
+    assert isinstance(mixed, layout.MixedPanels)
+    for li in range(2):  # the CPU's products of each run on its own, side by side
+        want = []
+        for i, (key, n) in enumerate(parts):
+            out = np.full((4, n), np.nan, np.float32)
+            cpu_matmul(x, make(key, n, i + 10 * li)(), n, out)
+            want.append(out)
+        same(product(dev, x, mixed, 256, layer=li), np.concatenate(want, axis=1), f"mixed layer {li}")
+
+
+@pytest.mark.parametrize("name", NATIVE + ["f32", "f16", "rows_f32", "rows_f16"])
+def test_embed_every_storage_type(dev, name):
+    n, k = (70, 256) if name in ("Q4_K", "Q5_K", "Q6_K") else (70, 96)
+    rng = np.random.default_rng(1)
+    if name in NATIVE:
+        w = layout.pack_quantized(random_blocks(name, n, k, seed=2, nonfinite=True).reshape(-1), GGML_TYPE_IDS[name], k)
+    else:
+        w = rng.standard_normal((n, k)).astype(np.float32)
+        w = w if "f32" in name else to_f16_bits(w)
+        w = w if name.startswith("rows") else layout.pack_panels(w)
+    ids = np.array([0, 69, 31, 32, 5, 5], np.int64)
+    want = np.full((ids.shape[0], k), np.nan, np.float32)
+    cpu_embed(w, ids, want)
+    same(embed(dev, w, ids, k), want, name)
+
+
+def cpu_and_gpu(path, dtype):
+    return tinydet.load(path, dtype=dtype, threads=2), tinydet.load(path, dtype=dtype, device="cuda-host")
+
+
+def check_same_logits(cpu, gpu, ids, chunks=(1, 5)):
+    """Every position's logits (one pass, and prefill in chunks), then decode steps, bit for bit."""
+    want = cpu.logits(ids)
+    same(gpu.logits(ids), want, "one pass")
+    for chunk in chunks:
+        cache = gpu.backend.new_cache(len(ids) + 4)
+        rows = [gpu.backend.forward(ids[i:i + chunk], cache, all_logits=True) for i in range(0, len(ids), chunk)]
+        same(np.concatenate(rows), want, f"chunks of {chunk}")
+    caches = [m.backend.new_cache(len(ids) + 4) for m in (cpu, gpu)]
+    outs = [m.backend.forward(ids, c) for m, c in zip((cpu, gpu), caches)]
+    for tok in (3, 7, 11):
+        outs = [m.backend.forward([tok], c) for m, c in zip((cpu, gpu), caches)]
+        same(outs[1], outs[0], "decode")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "native"])
+def test_stories_logits_generate_and_batch(stories_path, dtype):
+    cpu, gpu = cpu_and_gpu(stories_path, dtype)
+    ids = cpu.tokenize(PROMPT)
+    check_same_logits(cpu, gpu, ids)
+    reqs = [dict(prompt=p, max_tokens=20 + 3 * i, temperature=0.8 * (i % 2), seed=i)
+            for i, p in enumerate([PROMPT, "The dog", "", "Lily and Ben"])]
+    solo = [cpu.generate(**r) for r in reqs]
+    for max_batch, step_tokens in ((4, None), (3, 4)):
+        got = gpu.generate_batch(reqs, max_batch=max_batch, step_tokens=step_tokens)
+        assert [(g.token_ids, g.logits_hash) for g in got] == [(s.token_ids, s.logits_hash) for s in solo]
+
+
+def test_stories_golden_hashes(stories_path):
+    """tests/golden/stories260k.json (the first case pinned to llama2.c's published text) on the
+    emulated GPU, every fp32 case again with native storage."""
+    golden = read_golden(__import__("pathlib").Path(__file__).parent / "golden" / "stories260k.json")
+    assert check_golden(model_loader(stories_path, device="cuda-host"), golden, tinydet.hashing.file_sha256(stories_path)) == []
+
+
+@pytest.mark.parametrize("plan", ["Q4_1 + Q8_0 table + F16 output", "Q5_0", "mixed per layer", "mixed runs in qkv", "F16"])
+def test_requantized_stories_native(tmp_path, stories_path, plan):
+    path = requantized(tmp_path, stories_path, PLANS[plan])
+    cpu, gpu = cpu_and_gpu(path, "native")
+    assert gpu.backend.storage() == cpu.backend.storage()
+    check_same_logits(cpu, gpu, cpu.tokenize(PROMPT), chunks=(7,))
+
+
+@pytest.fixture(scope="module")
+def tiny_archs(tmp_path_factory):
+    """{name: (gguf path, its quantized twin)}: Qwen2 (biases), Qwen3 (QK-norm), Llama 3 (scaled RoPE),
+    Mistral, Phi-3 (head_dim 96), Gemma 3 (GELU, post-norms, embedding scale, sliding windows)."""
+    import gemma3gen
+    import qwen2gen
+    import spmgen
+
+    out = tmp_path_factory.mktemp("archs")
+    made = {}
+    for arch in ("qwen2", "qwen3", "llama3"):
+        made[arch] = (qwen2gen.make_tiny_qwen2(out, None, arch=arch)[1],
+                      qwen2gen.write_gguf(out / f"{arch}-q8.gguf", quant="q8_0", arch=arch))
+    for arch in ("mistral", "phi3"):
+        made[arch] = (spmgen.make_tiny(out, arch, None)[1], spmgen.write_gguf(out / f"{arch}-q4.gguf", arch, "q4_0"))
+    made["gemma3"] = (gemma3gen.make_tiny_gemma3(out)[1], gemma3gen.write_gguf(out / "gemma3-q4.gguf", "q4_0"))
+    return made
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama3", "mistral", "phi3", "gemma3"])
+def test_tiny_architectures(tiny_archs, arch):
+    f32_file, quant_file = tiny_archs[arch]
+    text = "The quick brown fox jumps over the lazy dog, and the dog does not mind: it is a lazy dog."
+    for path, dtype in ((f32_file, "fp32"), (f32_file, "fp16"), (quant_file, "native")):
+        cpu, gpu = cpu_and_gpu(path, dtype)
+        check_same_logits(cpu, gpu, cpu.tokenize(text), chunks=(3,))  # chunks across Gemma 3's window of 8
+
+
+def test_gemma3_q4_k_m_native(gemma3_path):
+    """A real Q4_K_M file (Q4_K, Q6_K and Q5_0/Q8_0 matrices, a 262144-row quantized table): a short prompt."""
+    cpu, gpu = cpu_and_gpu(gemma3_path, "native")
+    assert {"Q4_K", "Q6_K"} <= set("+".join(cpu.backend.storage().values()).split("+"))
+    ids = cpu.tokenize("The capital of France is")
+    same(gpu.logits(ids), cpu.logits(ids), "gemma3 native")
+
+
+class GraphDevice(HostDevice):
+    """The emulator with CUDA graphs as CuPy gives them: between begin_capture and end_capture launches
+    are recorded, not run, and the graph's launch replays them with the arguments they had then (array
+    contents as they are now, like device pointers; scalars as captured)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stream, self.recording, self.captures, self.replays = self, None, 0, 0
+
+    def begin_capture(self):
+        self.recording = []
+
+    def end_capture(self):
+        rec, self.recording = self.recording, None
+        self.captures += 1
+
+        def replay(stream):
+            self.replays += 1
+            for call in rec:
+                HostDevice.launch(self, *call)
+        return types.SimpleNamespace(launch=replay)
+
+    def launch(self, name, grid, block, args):
+        if self.recording is None:
+            return super().launch(name, grid, block, args)
+        self.recording.append((name, grid, block, args))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_decode_graphs_replay_the_cpu_bits(stories_path, dtype):
+    """Decode steps captured once per batch shape and replayed with new inputs give the CPU's bits: no
+    step's tokens, positions or slots are baked into the capture."""
+    from tinydet.backends.cupy import CudaBackend
+    from tinydet.formats import open_checkpoint
+
+    cpu = tinydet.load(stories_path, dtype=dtype)
+    dev = GraphDevice()
+    ck = open_checkpoint(stories_path)
+    gpu = tinydet.Model(ck.path, CudaBackend(ck.config, ck.tensors, dtype, 1, dev), ck.tokenizer, ck.metadata)
+    assert gpu.backend.graphs
+    check_same_logits(cpu, gpu, cpu.tokenize(PROMPT))
+    reqs = [dict(prompt=p, max_tokens=20 + 5 * i, temperature=0.8 * (i % 2), seed=i)
+            for i, p in enumerate([PROMPT, "The dog", "", "Lily and Ben"])]
+    got = gpu.generate_batch(reqs, max_batch=3)
+    assert [(g.token_ids, g.logits_hash) for g in got] == [(g.token_ids, g.logits_hash) for g in (cpu.generate(**r) for r in reqs)]
+    assert dev.captures >= 4 and dev.replays > 10 * dev.captures
+
+
+def test_trace_equals_cpu_trace(stories_path, tmp_path):
+    """The traced pass (a hook after every op) records the CPU's bits op by op; a hook's change reaches
+    the next op on the device as on the CPU."""
+    cpu, gpu = cpu_and_gpu(stories_path, "fp16")
+    ids = cpu.tokenize(PROMPT)
+    paths = []
+    for m in (cpu, gpu):
+        p = tmp_path / f"{m.backend.name}.jsonl"
+        write_trace(p, m, ids, run_trace(m, ids, 4), {"chunk": 4})
+        paths.append(p)
+    d = diff_traces(*paths)
+    assert d["identical"] and d["n_compared"] > 100
+
+    def fault(layer, op, pos, slots, rows):
+        if layer == 2 and op == "attn_norm":
+            rows[:, 3] += 1.0
+
+    outs = []
+    for m in (cpu, gpu):
+        m.backend.hooks.append(fault)
+        outs.append(m.logits(ids))
+        m.backend.hooks.clear()
+    same(outs[1], outs[0], "with a fault")
+    assert not np.array_equal(bits(outs[0]), bits(cpu.logits(ids)))
+
+
+def test_verify_on_the_emulated_gpu(stories_path):
+    r = CliRunner().invoke(main, ["verify", "--model", str(stories_path), "--device", "cuda-host", "--dtype", "fp32",
+                                  "--dtype", "fp16", "--new-tokens", "8", "--json"])
+    assert r.exit_code == 0, r.output
+    import json
+
+    out = json.loads(r.output)
+    assert out["passed"] and sum(c["group"] == "backend" and c["variant"] == "cpu-numba" for c in out["cells"]) == 2
+
+
+def test_emulated_generate_cli(stories_path):
+    args = ["generate", "Once upon a time", "--model", str(stories_path), "--max-tokens", "24", "--json"]
+    a, b = (CliRunner().invoke(main, args + extra) for extra in ([], ["--device", "cuda-host"]))
+    assert a.exit_code == b.exit_code == 0, a.output + b.output
+    import json
+
+    ja, jb = json.loads(a.output), json.loads(b.output)
+    assert (ja["output_hash"], ja["logits_hash"]) == (jb["output_hash"], jb["logits_hash"])
+
+
+# ---------------------------------------------------------------------------------------------------
+# 2. NVRTC's PTX.
+
+ARCHS = ("compute_80", "compute_90")  # A100, H100/H200
+
+
+def ptx(code: str, arch: str, options=D.NVRTC_OPTIONS) -> str:
+    nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (test extra) compiles the kernels to PTX")
+    err, prog = nvrtc.nvrtcCreateProgram(code.encode(), b"kernels.cu", 0, [], [])
+    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS
+    opts = [f"-arch={arch}".encode(), *(o.encode() for o in options)]
+    (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        _, n = nvrtc.nvrtcGetProgramLogSize(prog)
+        log = b" " * n
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        raise AssertionError(log.decode(errors="replace"))
+    _, n = nvrtc.nvrtcGetPTXSize(prog)
+    buf = b" " * n
+    nvrtc.nvrtcGetPTX(prog, buf)
+    return buf.decode().rstrip("\0")
+
+
+def lint(text: str) -> list[str]:
+    """PTX lines that break the rules: fma (fused multiply-add), .approx or .ftz anywhere, or a float
+    add, sub, mul, div, sqrt or rcp without .rn (ptxas may contract such an add or mul; div.full and
+    div.approx are not IEEE division)."""
+    bad = []
+    for line in text.splitlines():
+        ins = line.strip().split()[0] if line.strip() else ""
+        arith = re.match(r"(add|sub|mul|div|sqrt|rcp|rsqrt)\.", ins) and re.search(r"\.f(32|64)\b", ins)
+        if ins.startswith("fma.") or ".approx" in ins or ".ftz" in ins or (arith and ".rn." not in ins):
+            bad.append(line.strip())
+    return bad
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_ptx_keeps_every_rounding(arch):
+    text = ptx(D.source(), arch)
+    entries = set(re.findall(r"\.entry (\w+)\(", text))
+    assert entries == set(D.signatures()), entries ^ set(D.signatures())
+    assert lint(text) == []
+    assert re.search(r"\bmul\.rn\.f32\b", text) and re.search(r"\badd\.rn\.f64\b", text)
+    assert re.search(r"\bdiv\.rn\.f32\b", text) and re.search(r"\bsqrt\.rn\.f32\b", text)
+
+
+def test_ptx_lint_can_fail():
+    """The lint finds NVRTC's default contraction, the fast-math intrinsics and flush-to-zero."""
+    fused = ptx(D.source(), "compute_90", tuple(o for o in D.NVRTC_OPTIONS if not o.startswith("--fmad")))
+    assert any(b.startswith("fma.rn.f32") for b in lint(fused))
+    approx = ptx(D.source() + '\nextern "C" __global__ void e(float* x) { x[0] = expf(x[0]); }', "compute_90")
+    assert any(".approx" in b for b in lint(approx))
+    ftz = ptx(D.source(), "compute_90", tuple(o for o in D.NVRTC_OPTIONS if o != "--ftz=false") + ("--ftz=true",))
+    assert any(".ftz" in b for b in lint(ftz))
+
+
+def _gpu() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(not _gpu(), reason="no NVIDIA GPU with CuPy here (tools/gpu_check.sh is the check on one)")
+@pytest.mark.parametrize("graphs", ["1", "0"])
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "native"])
+def test_real_gpu(stories_path, dtype, graphs, monkeypatch):
+    """On an NVIDIA GPU: the CPU's logits, decode steps and batches, with CUDA graphs and without."""
+    monkeypatch.setenv("TINYDET_CUDA_GRAPHS", graphs)
+    cpu, gpu = tinydet.load(stories_path, dtype=dtype), tinydet.load(stories_path, dtype=dtype, device="cuda")
+    assert gpu.backend.graphs == (graphs == "1")
+    check_same_logits(cpu, gpu, cpu.tokenize(PROMPT))
+    reqs = [dict(prompt=p, max_tokens=24, temperature=0.8 * i, seed=i) for i, p in enumerate([PROMPT, "The", ""])]
+    assert ([(g.token_ids, g.logits_hash) for g in gpu.generate_batch(reqs, max_batch=3)]
+            == [(g.token_ids, g.logits_hash) for g in (cpu.generate(**r) for r in reqs)])
+
+
+# ---------------------------------------------------------------------------------------------------
+# 3. Errors.
+
+def test_no_cupy_no_gpu_bad_device(stories_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import fails as when CuPy is not installed
+    with pytest.raises(TinydetError, match=r"device cuda: CuPy is not installed \(pip install 'tinydet\[cuda12\]'"):
+        tinydet.load(stories_path, device="cuda")
+    r = CliRunner().invoke(main, ["generate", "x", "--model", str(stories_path), "--device", "cuda:1"])
+    assert r.exit_code == 1 and r.output.strip().splitlines()[-1].startswith("error: device cuda: CuPy is not installed")
+
+    def no_driver():
+        raise RuntimeError("cudaErrorNoDevice: no CUDA-capable device is detected")
+
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=no_driver)))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    with pytest.raises(TinydetError, match="device cuda: no usable NVIDIA GPU .cudaErrorNoDevice"):
+        tinydet.load(stories_path, device="cuda")
+    fake.cuda.runtime.getDeviceCount = lambda: 1
+    with pytest.raises(TinydetError, match=r"device cuda:3: this machine has 1 GPU"):
+        tinydet.load(stories_path, device="cuda:3")
+    for bad in ("gpu", "cuda:x", "CUDA", ""):
+        with pytest.raises(TinydetError, match="device: expected one of cpu, cuda, cuda:N, cuda-host"):
+            tinydet.load(stories_path, device=bad)
+    r = CliRunner().invoke(main, ["generate", "x", "--model", str(stories_path), "--device", "gpu"])
+    assert r.exit_code == 2 and "Invalid value for '--device'" in r.output
+    r = CliRunner().invoke(main, ["serve", "--ray", "--device", "cuda"])
+    assert r.exit_code == 1 and "Ray replicas run on the CPU" in r.output
+
+
+def test_out_of_device_memory(stories_path):
+    """CuPy's OutOfMemoryError while the weights or a KV cache are copied: a MemoryLimitError saying what."""
+    class OutOfMemoryError(Exception):
+        pass
+
+    class Full(HostDevice):
+        limit = 0
+
+        def to_device(self, a):
+            if self.limit <= 0:
+                raise OutOfMemoryError("Out of memory allocating 1,024 bytes")
+            self.limit -= 1
+            return super().to_device(a)
+
+    from tinydet.backends.cupy import CudaBackend
+    from tinydet.formats import open_checkpoint
+    from tinydet.memory import MemoryLimitError
+
+    ck = open_checkpoint(stories_path)
+    with pytest.raises(MemoryLimitError, match=r"device host: the weights \(1 MiB at fp32\) do not fit in the GPU's free"):
+        CudaBackend(ck.config, open_checkpoint(stories_path).tensors, "fp32", 1, Full())
+    dev = Full()
+    dev.limit = 10**6
+    be = CudaBackend(ck.config, ck.tensors, "fp32", 1, dev)
+    dev.xp = types.SimpleNamespace(zeros=lambda *a: (_ for _ in ()).throw(OutOfMemoryError("2 GB")))
+    with pytest.raises(MemoryLimitError, match="the keys and values of 1 x 512 positions do not fit"):
+        be.new_cache(512)
+
+
+def test_launch_arguments_are_checked(dev):
+    x = np.zeros(4, np.float32)
+    with pytest.raises(TinydetError, match="kernel add_rows: expected 3 arguments, found 2"):
+        dev.launch("add_rows", (1,), (4,), (x, x))
+    with pytest.raises(TinydetError, match="kernel add_rows: y must be a C-contiguous device array of float32"):
+        dev.launch("add_rows", (1,), (4,), (x, np.zeros(4, np.float64), 4))
+    with pytest.raises(TinydetError, match="kernel add_rows: x must be a C-contiguous"):
+        dev.launch("add_rows", (1,), (4,), (np.zeros(8, np.float32)[::2], x, 4))
+    with pytest.raises(TinydetError, match="kernel 'nope': not in kernels.cu"):
+        dev.launch("nope", (1,), (1,), ())
+    y = np.arange(4, dtype=np.float32)
+    dev.launch("add_rows", (1,), (4,), (x, y, 4))
+    assert x.tolist() == [0, 1, 2, 3]

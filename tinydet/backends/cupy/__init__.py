@@ -1,0 +1,421 @@
+"""The GPU backend: the CPU backend's forward pass as CUDA kernels (kernels.cu), run through CuPy on an
+NVIDIA GPU (`device.CudaDevice`) or, on a machine without one, by a serial emulator built from the
+same source (`device.HostDevice`; the tests use it).
+
+Every output is computed by one thread in the CPU backend's order (64-long k-blocks of plain float32
+sums added with Kahan compensation, per-element Kahan in RMSNorm and attention, tinydet's own exp and
+tanh), so each logits row has the CPU's bits: the same golden hashes, any batch, any chunking. The
+weights are the CPU backend's packed weights (`cpu.weights.CPUWeights`: the same panels, quantized
+blocks dequantized inside the kernels), copied to the device. Decode steps (one token per item, no
+hook) on a GPU replay a CUDA graph captured on the first step of each shape.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import warnings
+from typing import Sequence
+
+import numpy as np
+
+from ...config import ModelConfig
+from ...errors import TinydetError
+from ...memory import MemoryLimitError
+from ...rope import inv_freq
+from ..base import OPS, Backend, Hook, KVCache, plan_batch, split_logits
+from ..cpu.layout import MixedPanels, QPanels
+from ..cpu.ops import GELU_B, GELU_K, ACTIVATIONS, ATILE, rope_tables
+from ..cpu.weights import DTYPES, MATRICES, CPUWeights
+from .device import CudaDevice, HostDevice
+
+__all__ = ["CudaBackend", "CudaDevice", "HostDevice", "embed", "product"]
+
+(EMBEDDING, ATTN_NORM, Q, K, V, ROPE_Q, ROPE_K, ATTENTION, ATTN_OUTPUT, POST_ATTN_NORM, ATTN_RESIDUAL, FFN_NORM, GATE,
+ UP, ACTIVATION, DOWN, POST_FFN_NORM, FFN_RESIDUAL, FINAL_NORM, LOGITS) = OPS
+
+MM_BLOCK, MM_ROWS = 128, 4  # threads per block over outputs; rows per thread (kernels.cu MM_ROWS)
+BLOCK = 128
+
+
+def _blocks(n: int, block: int = BLOCK) -> int:
+    return max(1, -(-int(n) // block))
+
+
+@contextlib.contextmanager
+def _fits(dev, what: str):
+    """CuPy's OutOfMemoryError as a MemoryLimitError that says what did not fit."""
+    try:
+        yield
+    except Exception as e:
+        if type(e).__name__ != "OutOfMemoryError":
+            raise
+        raise MemoryLimitError(f"device {dev.name}: {what} do not fit in the GPU's free memory ({e})") from None
+
+
+class CudaKVCache(KVCache):
+    """The CPU backend's cache layout on the device: keys k (layer, slot, kv_head, ceil(capacity / 64),
+    head_dim, 64), values v (layer, slot, capacity, kv_dim); fp16 models cache binary16 bits."""
+
+    block = ATILE
+
+    def __init__(self, dev, cfg: ModelConfig, capacity: int, half: bool, n_slots: int = 1):
+        self._dev, self._cfg, self._st = dev, cfg, np.uint16 if half else np.float32
+        self.capacity = 0
+        self.k = self.v = None
+        self.lengths = np.zeros(n_slots, np.int64)
+        self.graphs = {}  # decode graphs captured on this cache's arrays (CudaBackend._decode)
+        self.grow(capacity)
+
+    def grow(self, capacity: int) -> None:
+        if capacity <= self.capacity:
+            return
+        cfg, xp, S = self._cfg, self._dev.xp, self.lengths.shape[0]
+        with self._dev.context(), _fits(self._dev, f"the keys and values of {S} x {capacity} positions"):
+            k = xp.zeros((cfg.n_layers, S, cfg.n_kv_heads, -(-capacity // ATILE), cfg.head_dim, ATILE), self._st)
+            v = xp.zeros((cfg.n_layers, S, capacity, cfg.kv_dim), self._st)
+            if self.k is not None:
+                k[:, :, :, :self.k.shape[3]] = self.k
+                v[:, :, :self.capacity] = self.v
+        self.k, self.v, self.capacity = k, v, capacity
+        self.graphs = {}  # they point at the old arrays
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.k.nbytes + self.v.nbytes)
+
+    def read_block(self, slot: int, b: int) -> tuple:
+        with self._dev.context():
+            return self.k[:, slot, :, b].copy(), self.v[:, slot, b * ATILE:(b + 1) * ATILE].copy()
+
+    def write_block(self, slot: int, b: int, data: tuple) -> None:
+        with self._dev.context():
+            self.k[:, slot, :, b], self.v[:, slot, b * ATILE:(b + 1) * ATILE] = data
+
+
+class _Matrix:
+    """A packed matrix kind (`CPUWeights`' float panels, QPanels or MixedPanels; stacked over layers
+    or not) on the device, as the launches of its product: per layer, one segment per storage run,
+    (kernel suffix, (qs, d, m, sc, qh), flags, first panel, first output, end output)."""
+
+    def __init__(self, dev, w, n_out: int, stacked: bool, dummy):
+        self.n_out = n_out
+        layers = range(_n_layers(w) if stacked else 1)
+        if isinstance(w, MixedPanels):
+            parts = [_upload(dev, p, dummy) for p in w.parts]
+            tab = w.table
+            self.segments = []
+            for li in layers:
+                segs = []
+                for s in range(tab.shape[1] - 1):
+                    part, p0, c0, c1 = (int(v) for v in (tab[li, s, 0], tab[li, s, 1], tab[li, s, 2], tab[li, s + 1, 2]))
+                    if part >= 0 and c0 < min(n_out, c1):
+                        segs.append((*parts[part], p0, c0, min(n_out, c1)))
+                self.segments.append(segs)
+        else:
+            up = _upload(dev, w, dummy)
+            name, arrays, flags = up
+            self.segments = [[(name, tuple(a[li] if stacked and a is not dummy else a for a in arrays), flags, 0, 0,
+                               n_out)] for li in layers]
+
+    def layer(self, li: int | None) -> list:
+        return self.segments[0 if li is None else li]
+
+
+def _n_layers(w) -> int:
+    if isinstance(w, MixedPanels):
+        return w.table.shape[0]
+    return (w.qs if isinstance(w, QPanels) else w).shape[0]
+
+
+def _upload(dev, w, dummy) -> tuple:
+    """(kernel suffix, five device arrays (dummy where absent), flags) of float panels, a (rows, K)
+    table or QPanels."""
+    if isinstance(w, QPanels):
+        arrays = tuple(dummy if a is None else dev.to_device(a) for a in (w.qs, w.d, w.m, w.sc, w.qh))
+        flags = int(w.d.dtype == np.float32) | (int(w.m is not None and w.m.dtype == np.float32) << 1)
+        return w.type_name.lower(), arrays, flags
+    kind = "f16" if w.dtype == np.uint16 else "f32"
+    name = ("rows_" if w.ndim == 2 else "") + kind  # a (rows, K) table, or panels
+    return name, (dev.to_device(w), dummy, dummy, dummy, dummy), 0
+
+
+def _mm(dev, x, segments: list, out) -> None:
+    """out[:, c0:n1] = x W^T for each segment of a matrix's layer (`_Matrix.layer`)."""
+    T, K = x.shape
+    for name, arrays, flags, p0, c0, n1 in segments:
+        dev.launch(f"mm_{name}", (_blocks(n1 - c0, MM_BLOCK), _blocks(T, MM_ROWS)), (MM_BLOCK, 1),
+                   (x, T, K, *arrays, flags, p0, c0, n1, out, out.shape[1]))
+
+
+def _embed(dev, ids, T: int, K: int, segments: list, out) -> None:
+    """out[t] = row ids[t] of the matrix whose segments are given (`_Matrix.layer`)."""
+    for name, arrays, flags, p0, c0, n1 in segments:
+        dev.launch(f"embed_{name}", (_blocks(T * K),), (BLOCK,), (ids, T, K, *arrays, flags, p0, c0, n1, out))
+
+
+def product(dev, x: np.ndarray, w, n_out: int, layer: int | None = None) -> np.ndarray:
+    """x W^T (n_out outputs) by the GPU kernels on `dev`, for W in a CPU backend storage: float panels
+    or QPanels, or with `layer` a kind stacked over layers (MixedPanels too)."""
+    dummy = dev.to_device(np.zeros(1, np.float32))
+    mat = _Matrix(dev, w, n_out, layer is not None, dummy)
+    out = dev.to_device(np.full((x.shape[0], n_out), np.nan, np.float32))
+    _mm(dev, dev.to_device(np.ascontiguousarray(x, np.float32)), mat.layer(layer), out)
+    return np.array(dev.to_host(out))
+
+
+def embed(dev, w, ids, k: int) -> np.ndarray:
+    """Rows `ids` of the matrix W (k columns) in a CPU backend storage, read by the GPU kernels."""
+    n = w.n if isinstance(w, QPanels) else (w.shape[0] * 64 if w.ndim == 3 else w.shape[0])
+    ids = np.ascontiguousarray(ids, np.int64)
+    mat = _Matrix(dev, w, n, False, dev.to_device(np.zeros(1, np.float32)))
+    out = dev.to_device(np.full((ids.shape[0], k), np.nan, np.float32))
+    _embed(dev, dev.to_device(ids), ids.shape[0], k, mat.layer(None), out)
+    return np.array(dev.to_host(out))
+
+
+class _Workspace:
+    """The device buffers of one pass shape: T tokens, R logits rows, ncols score columns."""
+
+    def __init__(self, xp, cfg: ModelConfig, T: int, R: int, ncols: int):
+        f32, i64 = np.float32, np.int64
+        dim, H = cfg.dim, cfg.n_heads
+        self.T, self.R, self.ncols = T, R, ncols
+        self.ids, self.pos, self.slots = (xp.zeros(T, i64) for _ in range(3))
+        self.rows = xp.zeros(max(R, 1), i64)
+        self.x, self.h, self.proj = (xp.empty((T, dim), f32) for _ in range(3))
+        self.qkv = xp.empty((T, cfg.q_dim + 2 * cfg.kv_dim), f32)
+        self.q, self.att = (xp.empty((T, cfg.q_dim), f32) for _ in range(2))
+        self.gu = xp.empty((T, 2 * cfg.ffn_dim), f32)
+        self.a = xp.empty((T, cfg.ffn_dim), f32)
+        self.scores = xp.empty((T * H, ncols), f32)
+        self.m = xp.empty(T * H, np.float64)
+        self.den = xp.empty(T * H, f32)
+        self.xr, self.hn = (xp.empty((max(R, 1), dim), f32) for _ in range(2))
+        self.logits = xp.empty((max(R, 1), cfg.vocab_size), f32)
+
+
+class CudaBackend(Backend):
+    """A model packed for the GPU kernels: `CudaBackend(config, tensors, dtype, threads, device)` packs
+    the checkpoint as the CPU backend does ("fp32", "fp16" or "native") and copies it to `device` (a
+    `CudaDevice`, the default, or a `HostDevice`). `threads` is kept for the interface (host threads
+    play no part in the GPU's arithmetic)."""
+
+    def __init__(self, config: ModelConfig, tensors: dict, dtype: str = "fp32", threads: int | None = None,
+                 device=None):
+        if dtype not in DTYPES:
+            raise TinydetError(f"dtype: expected one of {', '.join(DTYPES)}, found {dtype!r}")
+        self.dev = device if device is not None else CudaDevice()
+        self.name = f"cuda-{self.dev.name}" if isinstance(self.dev, HostDevice) else self.dev.name
+        self.config, self.dtype = config, dtype
+        self.threads = threads
+        self.hooks = []
+        self._lock = threading.Lock()  # one pass at a time: the device's stream and the decode workspaces
+        w = CPUWeights(config, tensors, dtype)
+        self._storage, self._nbytes = w.storage(), w.nbytes()
+        dev, cfg = self.dev, config
+        n_out = {"wqkv": cfg.q_dim + 2 * cfg.kv_dim, "wo": cfg.dim, "w13": 2 * cfg.ffn_dim, "w2": cfg.dim}
+        with dev.context(), _fits(dev, f"the weights ({self._nbytes / 2**20:.0f} MiB at {dtype})"):
+            self._dummy = dev.to_device(np.zeros(1, np.float32))
+            self._mats = {name: _Matrix(dev, getattr(w, name), n_out[name], True, self._dummy) for name, _ in MATRICES}
+            self._output = _Matrix(dev, w.output, cfg.vocab_size, False, self._dummy)
+            self._table = self._output if w.table is w.output else _Matrix(dev, w.table, cfg.vocab_size, False,
+                                                                            self._dummy)
+            self._vec = {name: dev.to_device(getattr(w, name)) for name in (
+                "attn_norm", "ffn_norm", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm", "bqkv", "norm")}
+        del w
+        ropes = list(dict.fromkeys((cfg.rope,) + cfg.layer_ropes))
+        self._inv_freq = [inv_freq(r, cfg.head_dim) for r in ropes]
+        self._layer_rope = [ropes.index(cfg.rope_of(i)) for i in range(cfg.n_layers)]
+        self._windows = [cfg.window(i) for i in range(cfg.n_layers)]
+        self._rope_n = 0
+        self._cos = self._sin = None
+        self._eps = np.float32(cfg.rms_eps)
+        self._scale = np.float32(cfg.attn_scale if cfg.attn_scale is not None else 1.0 / np.sqrt(cfg.head_dim))
+        self._act = ACTIVATIONS[cfg.activation]
+        self.graphs = hasattr(dev, "stream") and os.environ.get("TINYDET_CUDA_GRAPHS", "1") != "0"
+
+    def new_cache(self, capacity: int, n_slots: int = 1) -> CudaKVCache:
+        self.check_capacity(capacity)
+        return CudaKVCache(self.dev, self.config, capacity, self.dtype == "fp16", n_slots)
+
+    def storage(self) -> dict[str, str]:
+        return dict(self._storage)
+
+    def weight_bytes(self) -> int:
+        return self._nbytes
+
+    # -----------------------------------------------------------------------------------------------
+
+    def _rope(self, n_pos: int) -> None:
+        """cos/sin tables (one per distinct RoPE) of at least n_pos positions on the device, computed on
+        the host as the CPU backend computes them. Rows depend only on their position."""
+        if self._rope_n >= n_pos:
+            return
+        n = max(n_pos, min(2 * self._rope_n, self.config.context_length))
+        half = self.config.head_dim // 2
+        cos, sin = [], []
+        for f in self._inv_freq:
+            c, s = np.empty((n, half), np.float32), np.empty((n, half), np.float32)
+            rope_tables(n, f, c, s)
+            cos.append(self.dev.to_device(c))
+            sin.append(self.dev.to_device(s))
+        self._cos, self._sin, self._rope_n = cos, sin, n
+
+    def forward_batch(self, items: Sequence[tuple], cache: CudaKVCache, all_logits: bool = False,
+                      hook: Hook | None = None) -> list[np.ndarray | None]:
+        cfg = self.config
+        b = plan_batch(items, cache, cfg.vocab_size, all_logits)
+        hook = self.pass_hook(hook)
+        T, R = b.ids.shape[0], b.rows.shape[0]
+        decode = hook is None and T == len(b.spans)  # one token per item
+        with self._lock, self.dev.context():
+            self._rope(cache.capacity if decode else int(b.pos.max()) + 1)
+            if decode:
+                # Decode workspaces keep their shape from step to step (scores as wide as the cache),
+                # so that a captured graph can replay them; the arithmetic is the same at any width.
+                ws = cache.graphs.get((T, R))
+                if ws is None or ws.rope_n != self._rope_n:  # new shape, or the RoPE tables moved
+                    with _fits(self.dev, f"the buffers of a pass of {T} tokens"):
+                        ws = cache.graphs[(T, R)] = _Workspace(self.dev.xp, cfg, T, R, cache.capacity)
+                    ws.graph, ws.rope_n = None, self._rope_n
+                self._inputs(ws, b)
+                if self.graphs and ws.graph is None:
+                    ws.graph = self._capture(ws, cache)
+                if ws.graph is not None:
+                    ws.graph.launch(self.dev.stream)
+                else:
+                    self._pass(ws, cache, None, b)
+            else:
+                with _fits(self.dev, f"the buffers of a pass of {T} tokens"):
+                    ws = _Workspace(self.dev.xp, cfg, T, R, int(b.pos.max()) + 1)
+                self._inputs(ws, b)
+                self._pass(ws, cache, hook, b)
+            logits = self.dev.to_host(ws.logits[:R]) if R else np.zeros((0, cfg.vocab_size), np.float32)
+        for item, (a, e, _) in zip(items, b.spans):
+            cache.lengths[item[0]] += e - a
+        return split_logits(b, np.array(logits, np.float32, copy=True))
+
+    def _inputs(self, ws: _Workspace, b) -> None:
+        for dst, host in ((ws.ids, b.ids), (ws.pos, b.pos), (ws.slots, b.slots), (ws.rows[:b.rows.shape[0]], b.rows)):
+            if host.shape[0]:
+                self.dev.put(dst, host)
+
+    def _capture(self, ws: _Workspace, cache: CudaKVCache):
+        """The decode pass on `ws` as a CUDA graph, or None (graphs then off, with a warning) if CuPy or
+        the driver refuses the capture: the same kernels run either way."""
+        stream = self.dev.stream
+        try:
+            stream.begin_capture()
+            try:
+                self._pass(ws, cache, None, None)
+            finally:
+                graph = stream.end_capture()
+        except Exception as e:
+            warnings.warn(f"tinydet: CUDA graph capture failed ({e}); decoding without graphs", RuntimeWarning)
+            self.graphs = False
+            return None
+        return graph
+
+    # -----------------------------------------------------------------------------------------------
+    # The pass: forward.py's operations, each a kernel (no fusion), with the same hook points.
+
+    def _mm(self, x, mat: _Matrix, li, out) -> None:
+        _mm(self.dev, x, mat.layer(li), out)
+
+    def _rmsnorm(self, x, w, out) -> None:
+        T, D = x.shape
+        self.dev.launch("rmsnorm", (_blocks(T, 64),), (64,), (x, T, D, w, self._eps, out))
+
+    def _see(self, hook, li, op, pos, slots, a, c0=0, c1=None) -> None:
+        """The op hook on columns c0..c1 of `a`: given a host copy, whose changes are copied back."""
+        if hook is None:
+            return
+        c1 = a.shape[1] if c1 is None else c1
+        rows = np.array(self.dev.to_host(a[:, c0:c1]), np.float32, copy=True)
+        hook(li, op, pos, slots, rows)
+        a[:, c0:c1] = self.dev.to_device(rows)
+
+    def _pass(self, ws: _Workspace, cache: CudaKVCache, hook, b) -> None:
+        cfg, dev, v = self.config, self.dev, self._vec
+        T, R, H, hd = ws.T, ws.R, cfg.n_heads, cfg.head_dim
+        q_dim, kv_dim, dim, F = cfg.q_dim, cfg.kv_dim, cfg.dim, cfg.ffn_dim
+        pos, slots = (b.pos, b.slots) if b is not None else (None, None)
+        half = int(self.dtype == "fp16")
+        tiles = cache.k.shape[3]
+        x, h, qkv = ws.x, ws.h, ws.qkv
+        _embed(dev, ws.ids, T, dim, self._table.layer(None), x)
+        if cfg.embed_scale:
+            dev.launch("scale_rows", (_blocks(T * dim),), (BLOCK,), (x, np.float32(cfg.embed_scale), T * dim))
+        self._see(hook, None, EMBEDDING, pos, slots, x)
+        for li in range(cfg.n_layers):
+            kc, vc = cache.k[li], cache.v[li]
+            self._rmsnorm(x, v["attn_norm"][li], h)
+            self._see(hook, li, ATTN_NORM, pos, slots, h)
+            self._mm(h, self._mats["wqkv"], li, qkv)
+            if v["bqkv"].shape[1]:
+                dev.launch("add_bias", (_blocks(T * qkv.shape[1]),), (BLOCK,), (qkv, v["bqkv"][li], T, qkv.shape[1]))
+            self._see(hook, li, Q, pos, slots, qkv, 0, q_dim)
+            self._see(hook, li, K, pos, slots, qkv, q_dim, q_dim + kv_dim)
+            self._see(hook, li, V, pos, slots, qkv, q_dim + kv_dim, q_dim + 2 * kv_dim)
+            r = self._layer_rope[li]
+            qn, kn = v["q_norm"], v["k_norm"]
+            dev.launch("rope_store", (_blocks(T * (H + cfg.n_kv_heads)),), (BLOCK,),
+                       (qkv, T, q_dim, kv_dim, hd, self._cos[r], self._sin[r], ws.pos, ws.slots, kc, vc, half, tiles,
+                        cache.capacity, ws.q, qn[li] if qn.shape[1] else self._dummy, int(qn.shape[1] > 0),
+                        kn[li] if kn.shape[1] else self._dummy, int(kn.shape[1] > 0), self._eps))
+            self._see(hook, li, ROPE_Q, pos, slots, ws.q)
+            if hook is not None:  # what the cache holds
+                keys = dev.to_host(kc[ws.slots, :, ws.pos // ATILE, :, ws.pos % ATILE])
+                keys = keys.view(np.float16).astype(np.float32) if half else np.array(keys, np.float32)
+                hook(li, ROPE_K, pos, slots, np.ascontiguousarray(keys.reshape(T, kv_dim)))
+            self._attention(ws, kc, vc, half, tiles, cache.capacity, self._windows[li])
+            self._see(hook, li, ATTENTION, pos, slots, ws.att)
+            self._project(ws.att, "wo", li, v["post_attn_norm"], hook, (ATTN_OUTPUT, POST_ATTN_NORM, ATTN_RESIDUAL),
+                          ws, pos, slots)
+            self._rmsnorm(x, v["ffn_norm"][li], h)
+            self._see(hook, li, FFN_NORM, pos, slots, h)
+            self._mm(h, self._mats["w13"], li, ws.gu)
+            self._see(hook, li, GATE, pos, slots, ws.gu, 0, F)
+            self._see(hook, li, UP, pos, slots, ws.gu, F, 2 * F)
+            dev.launch("glu", (_blocks(T * F),), (BLOCK,), (ws.gu, T, F, self._act, GELU_B, GELU_K, ws.a))
+            self._see(hook, li, ACTIVATION, pos, slots, ws.a)
+            self._project(ws.a, "w2", li, v["post_ffn_norm"], hook, (DOWN, POST_FFN_NORM, FFN_RESIDUAL), ws, pos, slots)
+        if R == 0:
+            return
+        dev.launch("gather_rows", (_blocks(R * dim),), (BLOCK,), (x, dim, ws.rows, R, ws.xr))
+        xr, hn = ws.xr[:R], ws.hn[:R]
+        self._rmsnorm(xr, v["norm"], hn)
+        pr, sr = (b.pos[b.rows], b.slots[b.rows]) if b is not None else (None, None)
+        self._see(hook, None, FINAL_NORM, pr, sr, hn)
+        logits = ws.logits[:R]
+        self._mm(hn, self._output, None, logits)
+        if cfg.logit_softcap:
+            dev.launch("softcap", (_blocks(R * cfg.vocab_size),), (BLOCK,),
+                       (logits, R * cfg.vocab_size, np.float32(cfg.logit_softcap)))
+        self._see(hook, None, LOGITS, pr, sr, logits)
+
+    def _project(self, a, kind, li, post, hook, ops, ws, pos, slots) -> None:
+        """proj = a W[li]^T, a post-norm of it where the model has one, then x += proj."""
+        op, post_op, res_op = ops
+        self._mm(a, self._mats[kind], li, ws.proj)
+        self._see(hook, li, op, pos, slots, ws.proj)
+        if post.shape[1]:
+            self._rmsnorm(ws.proj, post[li], ws.proj)
+            self._see(hook, li, post_op, pos, slots, ws.proj)
+        n = ws.x.size
+        self.dev.launch("add_rows", (_blocks(n),), (BLOCK,), (ws.x, ws.proj, n))
+        self._see(hook, li, res_op, pos, slots, ws.x)
+
+    def _attention(self, ws: _Workspace, kc, vc, half, tiles, cap, window) -> None:
+        cfg, dev = self.config, self.dev
+        T, H, n_kv, hd, nc = ws.T, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, ws.ncols
+        TH = T * H
+        dev.launch("attn_scores", (_blocks(TH * nc),), (BLOCK,),
+                   (ws.q, T, H, n_kv, hd, kc, half, tiles, ws.pos, ws.slots, self._scale, window, ws.scores, nc))
+        dev.launch("attn_max", (_blocks(TH, 64),), (64,), (ws.scores, TH, H, ws.pos, window, nc, ws.m))
+        dev.launch("attn_exp", (_blocks(TH * nc),), (BLOCK,), (ws.scores, TH, H, ws.pos, window, ws.m, nc))
+        dev.launch("attn_den", (_blocks(TH, 64),), (64,), (ws.scores, TH, H, ws.pos, window, nc, ws.den))
+        dev.launch("attn_pv", (_blocks(TH * hd),), (BLOCK,),
+                   (ws.scores, ws.den, T, H, n_kv, hd, vc, half, cap, ws.pos, ws.slots, window, nc, ws.att))

@@ -1,0 +1,250 @@
+"""Where the GPU backend's kernels (kernels.cu) run: `CudaDevice`, an NVIDIA GPU through CuPy (NVRTC
+builds the source), or `HostDevice`, the same source built by the host's C++ compiler into a serial
+emulator that runs each launch's threads one after another on the CPU.
+
+The emulator exists so that a machine without a GPU can check the kernels' arithmetic: the kernels use
+no shared memory, no synchronisation and no warp operations, and no thread reads what another thread
+of the same launch writes, so running the threads in any order computes what the GPU computes. Both
+builds keep every float operation as written (NVRTC: --fmad=false and IEEE division and square root;
+the host: -ffp-contract=off, SSE arithmetic), so the emulator's bits are the GPU's bits for the same
+operations; what it cannot check is NVRTC's code generation and the GPU itself (tests/test_cuda.py
+lints the PTX for the first; tools/gpu_check.sh is the check on a GPU).
+
+A device gives: `xp` (cupy or numpy), `context()` (inside which its array operations are ordered with
+its kernels), `to_device(array)`, `to_host(array)`, `put(array, host array)`, and `launch(name, grid,
+block, args)`, each argument checked against the kernel's C signature (a wrong dtype or a missing
+argument raises here instead of reading the wrong bytes on the device).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import TinydetError
+
+SOURCE_PATH = Path(__file__).with_name("kernels.cu")
+# NVRTC's options: no contraction into FMA (its default fuses a * b + c), IEEE division and square
+# root, subnormals kept (the defaults, written out so that a changed default cannot move a bit).
+NVRTC_OPTIONS = ("--fmad=false", "--prec-div=true", "--prec-sqrt=true", "--ftz=false", "--std=c++14")
+HOST_FLAGS = ("-O2", "-std=c++14", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared")
+
+_POINTERS = {"float": np.float32, "double": np.float64, "long long": np.int64, "void": None}
+_SCALARS = {"int": np.int32, "long long": np.int64, "float": np.float32, "double": np.float64}
+
+
+@lru_cache(maxsize=None)
+def source() -> str:
+    return SOURCE_PATH.read_text(encoding="utf-8")
+
+
+@lru_cache(maxsize=None)
+def signatures() -> dict[str, list[tuple[str, object, bool]]]:
+    """Each kernel's parameters as (name, dtype or None for void*, is_pointer), from the source (the
+    storage kernels' `mm_##NAME` / `embed_##NAME` expanded for every STORAGE_KERNELS line)."""
+    src = source()
+    names = re.findall(r"^STORAGE_KERNELS\((\w+), \w+\)$", src, re.M)
+    out = {}
+    for name, params in re.findall(r"KERNEL (\w+(?:##NAME)?)\(([^)]*)\)", src):
+        plist = []
+        for p in " ".join(params.replace("\\", " ").split()).split(","):
+            m = re.fullmatch(r"\s*(?:const )?([a-z ]+?)\s*(\*?)\s*(\w+)\s*", p)
+            if m is None:
+                raise TinydetError(f"{SOURCE_PATH.name}: cannot read the parameter {p.strip()!r} of {name}")
+            base, ptr, pname = m.groups()
+            table = _POINTERS if ptr else _SCALARS
+            if base not in table:
+                raise TinydetError(f"{SOURCE_PATH.name}: parameter {pname} of {name}: unsupported type {base}")
+            plist.append((pname, table[base], bool(ptr)))
+        for full in ([name.replace("##NAME", n) for n in names] if "##NAME" in name else [name]):
+            out[full] = plist
+    return out
+
+
+def check_args(name: str, args: tuple, is_array) -> list:
+    """args converted for the launch: scalars to the parameter's NumPy type, arrays checked for dtype
+    and C-contiguity."""
+    sig = signatures().get(name)
+    if sig is None:
+        raise TinydetError(f"kernel {name!r}: not in {SOURCE_PATH.name}")
+    if len(args) != len(sig):
+        raise TinydetError(f"kernel {name}: expected {len(sig)} arguments, found {len(args)}")
+    out = []
+    for a, (pname, dtype, ptr) in zip(args, sig):
+        if ptr:
+            if not is_array(a) or not a.flags.c_contiguous or (dtype is not None and a.dtype != dtype):
+                want = "any" if dtype is None else np.dtype(dtype).name
+                raise TinydetError(f"kernel {name}: {pname} must be a C-contiguous device array of {want}")
+            out.append(a)
+        else:
+            out.append(dtype(a))
+    return out
+
+
+class HostDevice:
+    """kernels.cu built for the host CPU: each launch runs its threads in a loop (module docstring)."""
+
+    name = "host"
+    xp = np
+
+    def __init__(self):
+        self._lib = _host_library()
+        self._fns = {}
+
+    @staticmethod
+    def context():
+        return contextlib.nullcontext()
+
+    @staticmethod
+    def to_device(a):
+        return np.ascontiguousarray(a)
+
+    @staticmethod
+    def to_host(a):
+        return a
+
+    @staticmethod
+    def put(dst, host) -> None:
+        """dst[...] = host (a host array of dst's shape)."""
+        dst[...] = host
+
+    def launch(self, name: str, grid: tuple, block: tuple, args: tuple) -> None:
+        args = check_args(name, args, lambda a: isinstance(a, np.ndarray))
+        fn = self._fns.get(name)
+        if fn is None:
+            fn = self._fns[name] = getattr(self._lib, f"launch_{name}")
+            fn.restype = None
+            fn.argtypes = [ctypes.c_int] * 4 + [_ctype(d, p) for _, d, p in signatures()[name]]
+        gx, gy = (tuple(grid) + (1,))[:2]
+        bx, by = (tuple(block) + (1,))[:2]
+        fn(gx, gy, bx, by, *(a.ctypes.data if isinstance(a, np.ndarray) else a.item() for a in args))
+
+
+def _ctype(dtype, ptr):
+    if ptr:
+        return ctypes.c_void_p
+    return {np.int32: ctypes.c_int, np.int64: ctypes.c_longlong, np.float32: ctypes.c_float,
+            np.float64: ctypes.c_double}[dtype]
+
+
+_CTYPES_C = {np.float32: "float", np.float64: "double", np.int64: "long long", None: "void", np.int32: "int"}
+
+
+def _launchers() -> str:
+    """C++ launch loops, one per kernel: launch_NAME(gx, gy, bx, by, args...) runs every thread."""
+    out = []
+    for name, sig in signatures().items():
+        params = ", ".join(f"{_CTYPES_C[d]}{'*' if p else ''} {n}" for n, d, p in sig)
+        names = ", ".join(n for n, _, _ in sig)
+        out.append(  # loop variables prefixed so that no kernel parameter shadows them
+            f'extern "C" void launch_{name}(int l_gx, int l_gy, int l_bx, int l_by, {params}) {{\n'
+            "    gridDim.x = l_gx; gridDim.y = l_gy; gridDim.z = 1; blockDim.x = l_bx; blockDim.y = l_by;\n"
+            "    blockDim.z = 1; blockIdx.z = 0; threadIdx.z = 0;\n"
+            "    for (int l_y = 0; l_y < l_gy; l_y++) for (int l_x = 0; l_x < l_gx; l_x++)\n"
+            "        for (int l_ty = 0; l_ty < l_by; l_ty++) for (int l_tx = 0; l_tx < l_bx; l_tx++) {\n"
+            "            blockIdx.x = l_x; blockIdx.y = l_y; threadIdx.x = l_tx; threadIdx.y = l_ty;\n"
+            f"            {name}({names});\n"
+            "        }\n}\n")
+    return "\n".join(out)
+
+
+def _compiler() -> str:
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if not cxx:
+        raise TinydetError("the GPU kernels' host emulator needs a C++ compiler (g++ or clang++; set CXX)")
+    return cxx
+
+
+@lru_cache(maxsize=None)
+def _host_library() -> ctypes.CDLL:
+    """kernels.cu + launchers built once per source and compiler, cached beside numba's cache."""
+    cxx = _compiler()
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+    code = source() + "\n" + _launchers()
+    key = hashlib.sha256("\0".join((code, version, *HOST_FLAGS)).encode()).hexdigest()[:16]
+    base = Path(os.environ.get("TINYDET_CACHE_DIR", Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+                               / "tinydet"))
+    lib = base / "cuda-host" / f"kernels-{key}.so"
+    if not lib.exists():
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
+            src = Path(tmp) / "kernels.cpp"
+            src.write_text(code, encoding="utf-8")
+            r = subprocess.run([cxx, *HOST_FLAGS, str(src), "-o", str(Path(tmp) / "k.so")], capture_output=True,
+                               text=True)
+            if r.returncode != 0:
+                raise TinydetError(f"building {SOURCE_PATH.name} for the host failed:\n{r.stderr[-4000:]}")
+            os.replace(Path(tmp) / "k.so", lib)  # whole or not at all, should another process build it too
+    return ctypes.CDLL(str(lib))
+
+
+class CudaDevice:
+    """An NVIDIA GPU through CuPy: kernels.cu compiled by NVRTC (NVRTC_OPTIONS) when it is opened. Every
+    operation runs on one stream of its own (`context`), in the order issued."""
+
+    name = "cuda"
+
+    def __init__(self, index: int = 0):
+        try:
+            import cupy
+        except ImportError:
+            raise TinydetError("device cuda: CuPy is not installed (pip install 'tinydet[cuda12]' or "
+                               "'tinydet[cuda13]', matching your CUDA driver)") from None
+        try:
+            count = cupy.cuda.runtime.getDeviceCount()
+        except Exception as e:  # CuPy raises its CUDARuntimeError when there is no driver
+            raise TinydetError(f"device cuda: no usable NVIDIA GPU ({_first_line(e)})") from None
+        if not 0 <= index < count:
+            raise TinydetError(f"device cuda:{index}: this machine has {count} GPU(s)")
+        self.xp = cupy
+        self.index = index
+        self._dev = cupy.cuda.Device(index)
+        with self._dev:
+            try:
+                module = cupy.RawModule(code=source(), options=NVRTC_OPTIONS)
+                # every kernel resolved now: NVRTC runs here, not inside a CUDA graph's capture
+                self._fns = {name: module.get_function(name) for name in signatures()}
+                self.stream = cupy.cuda.Stream()
+            except Exception as e:
+                raise TinydetError(f"device cuda: building {SOURCE_PATH.name} failed: {_first_line(e)}") from None
+        self.name = f"cuda:{index} ({cupy.cuda.runtime.getDeviceProperties(index)['name'].decode()})"
+
+    @contextlib.contextmanager
+    def context(self):
+        """This GPU current, and its stream: CuPy's own operations (copies, indexing, allocation) inside
+        are ordered with the kernels."""
+        with self._dev, self.stream:
+            yield
+
+    def to_device(self, a):
+        with self._dev, self.stream:
+            return self.xp.asarray(np.ascontiguousarray(a))
+
+    def to_host(self, a):
+        with self._dev, self.stream:
+            return self.xp.asnumpy(a)  # waits for the stream's work before it
+
+    def put(self, dst, host) -> None:
+        with self._dev, self.stream:
+            dst.set(np.ascontiguousarray(host, dst.dtype))
+
+    def launch(self, name: str, grid: tuple, block: tuple, args: tuple) -> None:
+        args = check_args(name, args, lambda a: isinstance(a, self.xp.ndarray))
+        fn = self._fns[name]
+        with self._dev, self.stream:  # every operation on one stream: each sees the ones before it
+            fn(tuple(grid), tuple(block), tuple(args))
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
