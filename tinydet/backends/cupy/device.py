@@ -214,7 +214,7 @@ class CudaDevice:
                 module = cupy.RawModule(code=source(), options=NVRTC_OPTIONS)
                 # every kernel resolved now: NVRTC runs here, not inside a CUDA graph's capture
                 self._fns = {name: module.get_function(name) for name in signatures()}
-                self.stream = cupy.cuda.Stream()
+                self.stream = cupy.cuda.Stream(non_blocking=True)  # as CuPy advises for graph capture
             except Exception as e:
                 raise TinydetError(f"device cuda: building {SOURCE_PATH.name} failed: {_first_line(e)}") from None
         self.name = f"cuda:{index} ({cupy.cuda.runtime.getDeviceProperties(index)['name'].decode()})"
