@@ -266,7 +266,7 @@ def test_trace_equals_cpu_trace(stories_path, tmp_path):
         write_trace(p, m, ids, run_trace(m, ids, 4), {"chunk": 4})
         paths.append(p)
     d = diff_traces(*paths)
-    assert d["identical"] and d["n_compared"] > 100
+    assert d["identical"] and d["n_compared"] > 100 and d["header_differences"]["backend"] == ("cpu-numba", "cuda-host")
 
     def fault(layer, op, pos, slots, rows):
         if layer == 2 and op == "attn_norm":
@@ -407,6 +407,8 @@ def test_no_cupy_no_gpu_bad_device(stories_path, monkeypatch):
     assert r.exit_code == 2 and "Invalid value for '--device'" in r.output
     r = CliRunner().invoke(main, ["serve", "--ray", "--device", "cuda"])
     assert r.exit_code == 1 and "Ray replicas run on the CPU" in r.output
+    r = CliRunner().invoke(main, ["golden", str(stories_path), "--write", "x.json", "--device", "cuda-host"])
+    assert r.exit_code == 1 and "--write records the CPU backend's hashes" in r.output
 
 
 def test_out_of_device_memory(stories_path):

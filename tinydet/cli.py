@@ -420,6 +420,8 @@ def golden(model_name, check_path, write_path, overwrite, threads, no_native, de
 
     if (check_path is None) == (write_path is None):
         raise TinydetError("golden: give exactly one of --check FILE or --write FILE")
+    if write_path and device != "cpu":
+        raise TinydetError("golden: --write records the CPU backend's hashes, the reference; check a GPU with --check")
     path = resolve_model(model_name)
     get = model_loader(path, threads, device=device)
     sha = get("fp32").sha256

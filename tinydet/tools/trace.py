@@ -76,7 +76,8 @@ def write_trace(path, model, prompt_ids, tracer: Tracer, settings: dict) -> None
     from .. import __version__
 
     header = {"format": FORMAT, "tinydet_version": __version__, "model": str(model.path),
-              "model_sha256": model.sha256, "dtype": model.dtype, "threads": model.threads,
+              "model_sha256": model.sha256, "dtype": model.dtype, "backend": model.backend.name,
+              "threads": model.threads,
               "prompt_token_ids": list(prompt_ids), "settings": settings, "machine": machine_info()}
     with open(path, "w", encoding="utf-8") as f:
         f.write(json.dumps(header) + "\n")
