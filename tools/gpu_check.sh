@@ -6,9 +6,9 @@
 # golden file, tests/golden/*.json, is found by its SHA-256). Per model:
 #   1. the golden hashes with --device cuda (every case, the fp32 ones again with native storage), with
 #      CUDA graphs (the default) and without (TINYDET_CUDA_GRAPHS=0);
-#   2. tinydet verify --device cuda: threads, chunked prefill, recompute, batches, and the CPU backend's
-#      run as one more cell, for fp32, fp16 and native;
-#   3. tinydet bench --device cuda for each dtype (prefill and decode tok/s), and the CPU's fp32 beside it;
+#   2. tinydet bench --device cuda for each dtype (prefill and decode tok/s);
+#   3. tinydet verify --device cuda: threads, chunked prefill, recompute, batches, and the CPU backend's
+#      run as one more cell, for fp32, fp16 and native; and the CPU's fp32 bench beside the GPU's;
 # then tests/test_cuda.py's GPU tests where pytest and the test extra are installed. Writes everything
 # to $OUT (or /tmp/gpu-check) and ends with PASSED or FAILED (exit 1). DEVICE=cuda-host runs the same
 # steps on the kernels' emulator, to check this script on a machine without a GPU (slowly).
@@ -55,6 +55,8 @@ for m in "$@"; do
     esac
 done
 
+# The GPU's own results first (they compile little on the CPU), then verify and the CPU's bench, which
+# compile the CPU kernels (minutes on a cold numba cache): a run cut short still has the first part.
 for m in "${models[@]}"; do
     sha=$(sha256sum "$m" | cut -d' ' -f1)
     golden=$(grep -l "\"$sha\"" tests/golden/*.json | head -n 1)
@@ -65,13 +67,16 @@ for m in "${models[@]}"; do
     fi
     run python3 -m tinydet golden "$m" --check "$golden" --device "$device"
     run env TINYDET_CUDA_GRAPHS=0 python3 -m tinydet golden "$m" --check "$golden" --device "$device"
-    run python3 -m tinydet verify --model "$m" --device "$device" --new-tokens 16
     name=$(basename "$m" .gguf)
     for dtype in fp32 fp16 native; do
         run python3 -m tinydet bench "$m" --device "$device" --dtype "$dtype" --prompt-tokens 128 --new-tokens 64 \
             --repeats 3 --json
         tail -n 1 "$log" > "$out/bench-$name-$device-$dtype.json"
     done
+done
+for m in "${models[@]}"; do
+    run python3 -m tinydet verify --model "$m" --device "$device" --new-tokens 16
+    name=$(basename "$m" .gguf)
     run python3 -m tinydet bench "$m" --dtype fp32 --prompt-tokens 128 --new-tokens 64 --repeats 3 --json
     tail -n 1 "$log" > "$out/bench-$name-cpu-fp32.json"
 done
