@@ -308,20 +308,8 @@ ARCHS = ("compute_80", "compute_90")  # A100, H100/H200
 
 
 def ptx(code: str, arch: str, options=D.NVRTC_OPTIONS) -> str:
-    nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (test extra) compiles the kernels to PTX")
-    err, prog = nvrtc.nvrtcCreateProgram(code.encode(), b"kernels.cu", 0, [], [])
-    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS
-    opts = [f"-arch={arch}".encode(), *(o.encode() for o in options)]
-    (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        _, n = nvrtc.nvrtcGetProgramLogSize(prog)
-        log = b" " * n
-        nvrtc.nvrtcGetProgramLog(prog, log)
-        raise AssertionError(log.decode(errors="replace"))
-    _, n = nvrtc.nvrtcGetPTXSize(prog)
-    buf = b" " * n
-    nvrtc.nvrtcGetPTX(prog, buf)
-    return buf.decode().rstrip("\0")
+    pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (test extra) compiles the kernels to PTX")
+    return D.compile_ptx(code, arch, options)
 
 
 def lint(text: str) -> list[str]:
@@ -355,6 +343,60 @@ def test_ptx_lint_can_fail():
     assert any(".approx" in b for b in lint(approx))
     ftz = ptx(D.source(), "compute_90", tuple(o for o in D.NVRTC_OPTIONS if o != "--ftz=false") + ("--ftz=true",))
     assert any(".ftz" in b for b in lint(ftz))
+
+
+class FakeCupy:
+    """What CudaDevice asks of CuPy, without a GPU: one device of compute capability 9.0; RawModule
+    records what it was given."""
+
+    def __init__(self):
+        fake = self
+
+        class Device:
+            compute_capability = "90"
+
+            def __init__(self, index):
+                pass
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *a):
+                return False
+
+        class RawModule:
+            def __init__(self, **kw):
+                fake.module_args = kw
+
+            def get_function(self, name):
+                return name
+
+        self.RawModule = RawModule
+        self.ndarray = np.ndarray
+        self.cuda = types.SimpleNamespace(
+            Device=Device, Stream=lambda non_blocking: None,
+            runtime=types.SimpleNamespace(getDeviceCount=lambda: 1,
+                                          getDeviceProperties=lambda i: {"name": b"Fake GPU"}))
+
+
+def test_the_gpu_loads_the_linted_ptx(monkeypatch, tmp_path):
+    """CudaDevice hands CuPy the PTX that compile_ptx builds for the GPU's architecture (never CuPy's own
+    compile, which adds -ftz=true), cached as a file, with every kernel in it."""
+    pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (test extra) compiles the kernels to PTX")
+    fake = FakeCupy()
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setenv("TINYDET_CACHE_DIR", str(tmp_path))
+    dev = D.CudaDevice(0)
+    assert dev.name == "cuda:0 (Fake GPU)" and set(fake.module_args) == {"path"}
+    text = open(fake.module_args["path"]).read()
+    assert text == D.compile_ptx(D.source(), "compute_90") and lint(text) == []
+    assert ".target sm_90" in text and set(dev._fns) == set(D.signatures())
+    assert D.nvrtc_arch(90) == "compute_90" and D.nvrtc_arch(91) == "compute_90" and D.nvrtc_arch(86) == "compute_86"
+    with pytest.raises(TinydetError, match="NVRTC cannot build for compute capability 2.0"):
+        D.nvrtc_arch(20)
+    monkeypatch.setitem(sys.modules, "cuda.bindings", None)
+    with pytest.raises(TinydetError, match=r"device cuda: cuda-bindings \(NVRTC's Python binding\) is not installed"):
+        D.nvrtc_arch(90)
 
 
 def _gpu() -> bool:

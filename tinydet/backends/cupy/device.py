@@ -1,6 +1,11 @@
-"""Where the GPU backend's kernels (kernels.cu) run: `CudaDevice`, an NVIDIA GPU through CuPy (NVRTC
-builds the source), or `HostDevice`, the same source built by the host's C++ compiler into a serial
-emulator that runs each launch's threads one after another on the CPU.
+"""Where the GPU backend's kernels (kernels.cu) run: `CudaDevice`, an NVIDIA GPU through CuPy, or
+`HostDevice`, the same source built by the host's C++ compiler into a serial emulator that runs each
+launch's threads one after another on the CPU.
+
+For the GPU, `compile_ptx` builds the source with NVRTC (through cuda-bindings) into PTX, and CuPy loads
+that PTX: CuPy's own compile path (RawModule from source) appends -ftz=true to every build, which
+would flush subnormals to zero, so it is not used. The PTX that runs is what `compile_ptx` returns for
+the GPU's architecture, and that function's output is what tests/test_cuda.py lints.
 
 The emulator exists so that a machine without a GPU can check the kernels' arithmetic: the kernels use
 no shared memory, no synchronisation and no warp operations, and no thread reads what another thread
@@ -46,6 +51,68 @@ _SCALARS = {"int": np.int32, "long long": np.int64, "float": np.float32, "double
 @lru_cache(maxsize=None)
 def source() -> str:
     return SOURCE_PATH.read_text(encoding="utf-8")
+
+
+def _nvrtc():
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError:
+        raise TinydetError("device cuda: cuda-bindings (NVRTC's Python binding) is not installed (pip install "
+                           "'tinydet[cuda12]' or 'tinydet[cuda13]', matching your CUDA driver)") from None
+    return nvrtc
+
+
+def nvrtc_arch(cc: int) -> str:
+    """The -arch for a GPU of compute capability `cc` (90 for sm_90): its own, or the newest NVRTC knows
+    below it (PTX runs on later GPUs through the driver's compiler)."""
+    nvrtc = _nvrtc()
+    err, archs = nvrtc.nvrtcGetSupportedArchs()
+    fit = [a for a in archs if a <= cc] if err == nvrtc.nvrtcResult.NVRTC_SUCCESS else []
+    if not fit:
+        raise TinydetError(f"device cuda: NVRTC cannot build for compute capability {cc / 10:.1f}")
+    return f"compute_{max(fit)}"
+
+
+def compile_ptx(code: str, arch: str, options: tuple = NVRTC_OPTIONS) -> str:
+    """`code` built by NVRTC for `arch` ("compute_90") with `options`: the PTX text."""
+    nvrtc = _nvrtc()
+    ok = nvrtc.nvrtcResult.NVRTC_SUCCESS
+    err, prog = nvrtc.nvrtcCreateProgram(code.encode(), SOURCE_PATH.name.encode(), 0, [], [])
+    if err != ok:
+        raise TinydetError(f"NVRTC: {err}")
+    try:
+        opts = [f"-arch={arch}".encode(), *(o.encode() for o in options)]
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        if err != ok:
+            _, n = nvrtc.nvrtcGetProgramLogSize(prog)
+            log = b" " * n
+            nvrtc.nvrtcGetProgramLog(prog, log)
+            raise TinydetError(f"NVRTC could not build {SOURCE_PATH.name} for {arch}:\n"
+                               f"{log.decode(errors='replace').strip()[-4000:]}")
+        _, n = nvrtc.nvrtcGetPTXSize(prog)
+        buf = b" " * n
+        nvrtc.nvrtcGetPTX(prog, buf)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    return buf.decode().rstrip("\0")
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("TINYDET_CACHE_DIR", Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+                               / "tinydet"))
+
+
+def _cached(name: str, key: str, make) -> Path:
+    """A file under the cache (`name` with `key` in it) made once by make(tmp_path), renamed into place
+    whole, so that a concurrent or interrupted build never leaves half a file under the final name."""
+    path = _cache_dir() / name.format(key=key)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+            part = Path(tmp) / "part"
+            make(part)
+            os.replace(part, path)
+    return path
 
 
 @lru_cache(maxsize=None)
@@ -172,25 +239,21 @@ def _host_library() -> ctypes.CDLL:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
     code = source() + "\n" + _launchers()
     key = hashlib.sha256("\0".join((code, version, *HOST_FLAGS)).encode()).hexdigest()[:16]
-    base = Path(os.environ.get("TINYDET_CACHE_DIR", Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-                               / "tinydet"))
-    lib = base / "cuda-host" / f"kernels-{key}.so"
-    if not lib.exists():
-        lib.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
-            src = Path(tmp) / "kernels.cpp"
-            src.write_text(code, encoding="utf-8")
-            r = subprocess.run([cxx, *HOST_FLAGS, str(src), "-o", str(Path(tmp) / "k.so")], capture_output=True,
-                               text=True)
-            if r.returncode != 0:
-                raise TinydetError(f"building {SOURCE_PATH.name} for the host failed:\n{r.stderr[-4000:]}")
-            os.replace(Path(tmp) / "k.so", lib)  # whole or not at all, should another process build it too
-    return ctypes.CDLL(str(lib))
+
+    def build(out: Path) -> None:
+        src = out.with_name("kernels.cpp")
+        src.write_text(code, encoding="utf-8")
+        r = subprocess.run([cxx, *HOST_FLAGS, str(src), "-o", str(out)], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise TinydetError(f"building {SOURCE_PATH.name} for the host failed:\n{r.stderr[-4000:]}")
+
+    return ctypes.CDLL(str(_cached("cuda-host/kernels-{key}.so", key, build)))
 
 
 class CudaDevice:
-    """An NVIDIA GPU through CuPy: kernels.cu compiled by NVRTC (NVRTC_OPTIONS) when it is opened. Every
-    operation runs on one stream of its own (`context`), in the order issued."""
+    """An NVIDIA GPU through CuPy: kernels.cu built by `compile_ptx` for the GPU's architecture when it is
+    opened (cached), loaded by CuPy. Every operation runs on one stream of its own (`context`), in the
+    order issued."""
 
     name = "cuda"
 
@@ -209,14 +272,18 @@ class CudaDevice:
         self.xp = cupy
         self.index = index
         self._dev = cupy.cuda.Device(index)
+        arch = nvrtc_arch(int(self._dev.compute_capability))
+        _, major, minor = _nvrtc().nvrtcVersion()
+        key = hashlib.sha256("\0".join((source(), arch, f"{major}.{minor}", *NVRTC_OPTIONS)).encode()).hexdigest()[:16]
+        ptx = _cached("cuda/kernels-{key}.ptx", key, lambda out: out.write_text(compile_ptx(source(), arch)))
         with self._dev:
             try:
-                module = cupy.RawModule(code=source(), options=NVRTC_OPTIONS)
-                # every kernel resolved now: NVRTC runs here, not inside a CUDA graph's capture
+                module = cupy.RawModule(path=str(ptx))  # the driver compiles the PTX for this GPU
+                # every kernel resolved now: the module loads here, not inside a CUDA graph's capture
                 self._fns = {name: module.get_function(name) for name in signatures()}
                 self.stream = cupy.cuda.Stream(non_blocking=True)  # as CuPy advises for graph capture
             except Exception as e:
-                raise TinydetError(f"device cuda: building {SOURCE_PATH.name} failed: {_first_line(e)}") from None
+                raise TinydetError(f"device cuda: loading {ptx.name} failed: {_first_line(e)}") from None
         self.name = f"cuda:{index} ({cupy.cuda.runtime.getDeviceProperties(index)['name'].decode()})"
 
     @contextlib.contextmanager
