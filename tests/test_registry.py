@@ -12,6 +12,8 @@ import os
 import random
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -794,3 +796,22 @@ def test_cache_dir_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "h"))
     assert registry.cache_dir() == tmp_path / "h" / ".cache" / "tinydet" / "models"
+    monkeypatch.setenv("TINYDET_CACHE_DIR", "")  # empty counts as unset
+    assert registry.cache_dir() == tmp_path / "h" / ".cache" / "tinydet" / "models"
+
+
+@pytest.mark.parametrize("cache_env", ["", "c"])
+def test_one_cache_root_for_models_kernels_and_ptx(tmp_path, cache_env):
+    """numba's kernel cache and the GPU's PTX cache sit beside the models, under the same root, which
+    is chosen in one place (an empty TINYDET_CACHE_DIR counts as unset for all of them)."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "x"),
+           "TINYDET_CACHE_DIR": str(tmp_path / cache_env) if cache_env else ""}
+    env.pop("NUMBA_CACHE_DIR", None)
+    code = ("import numba, tinydet.backends.cpu, tinydet.backends.cupy.device as d, tinydet.registry as r\n"
+            "print(numba.config.CACHE_DIR); print(r.cache_dir())\n"
+            "print(d._cached('ptx/{key}.ptx', 'k', lambda p: p.write_text('x')))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    numba_dir, models, ptx = map(Path, out.stdout.split())
+    root = tmp_path / "c" if cache_env else tmp_path / "x" / "tinydet"
+    assert numba_dir.parent == root / "numba" and models == root / "models" and ptx == root / "ptx" / "k.ptx"
+    assert ptx.read_text() == "x"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..errors import TinydetError
 from ..hashing import file_sha256
+from ..paths import cache_base
 from .manifest import Manifest, _index, get_manifest, load_manifest
 
 
@@ -31,11 +32,7 @@ class IntegrityError(TinydetError):
 
 def cache_dir() -> Path:
     """`$TINYDET_CACHE_DIR/models`, else `$XDG_CACHE_HOME/tinydet/models` or `~/.cache/tinydet/models`."""
-    base = os.environ.get("TINYDET_CACHE_DIR")
-    if base:
-        return Path(base) / "models"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "tinydet" / "models"
+    return cache_base() / "models"
 
 
 def cached_path(name_or_manifest: str | Manifest) -> Path:

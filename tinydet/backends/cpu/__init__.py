@@ -29,6 +29,8 @@ from typing import Sequence
 import numba
 import numpy as np
 
+from ...paths import cache_base
+
 _HERE = Path(__file__).resolve().parent
 
 
@@ -41,9 +43,7 @@ def _cache_key() -> str:
 
 
 if not os.environ.get("NUMBA_CACHE_DIR"):
-    _base = Path(os.environ.get("TINYDET_CACHE_DIR", Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-                                / "tinydet"))
-    numba.config.CACHE_DIR = str(_base / "numba" / _cache_key())
+    numba.config.CACHE_DIR = str(cache_base() / "numba" / _cache_key())
 
 from ...config import ModelConfig  # noqa: E402
 from ...errors import TinydetError  # noqa: E402

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import TinydetError
+from ...paths import cache_base
 
 SOURCE_PATH = Path(__file__).with_name("kernels.cu")
 # NVRTC's options: no contraction into FMA (its default fuses a * b + c), IEEE division and square
@@ -97,15 +98,10 @@ def compile_ptx(code: str, arch: str, options: tuple = NVRTC_OPTIONS) -> str:
     return buf.decode().rstrip("\0")
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("TINYDET_CACHE_DIR", Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-                               / "tinydet"))
-
-
 def _cached(name: str, key: str, make) -> Path:
     """A file under the cache (`name` with `key` in it) made once by make(tmp_path), renamed into place
     whole, so that a concurrent or interrupted build never leaves half a file under the final name."""
-    path = _cache_dir() / name.format(key=key)
+    path = cache_base() / name.format(key=key)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
