@@ -95,3 +95,29 @@ def test_gated_activations_vector_lanes_equal_the_scalar_tail():
                    0.5 * g64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64 ** 3)))) * u
         ok = np.isfinite(ref)
         assert np.allclose(act[ok, 64], ref[ok], rtol=1e-5, atol=1e-6), kind
+
+
+def test_vector_exp_and_tanh_give_the_scalar_bits_over_the_whole_range():
+    """v_exp32 and v_tanh32 (64 lanes) against the scalar exp32 / tanh32, bit for bit, over every power
+    of two the float64 exp scales by (inputs -800..800, so k = -1021..1023 and the clamps) and the
+    special values."""
+    from numba import njit
+
+    from tinydet.backends.cpu.simd import LANES, v_load, v_neg, v_store
+    from tinydet.backends.cpu.vmath import v_exp32, v_tanh32
+
+    @njit
+    def f(x, e, t):
+        for i in range(0, x.shape[0], LANES):
+            v = v_load(x, i)
+            v_store(e, i, v_exp32(v_neg(v)))
+            v_store(t, i, v_tanh32(v))
+
+    rng = np.random.default_rng(7)
+    x = np.concatenate([rng.standard_normal(1000) * 4, rng.uniform(-800, 800, 3000), np.arange(-709, 710),
+                        [0.0, -0.0, 1e-30, 88.0, -104.0, 1e30, -1e30, np.inf, -np.inf, np.nan]]).astype(np.float32)
+    x = np.concatenate([x, np.zeros(-len(x) % LANES, np.float32)])
+    e, t = np.empty_like(x), np.empty_like(x)
+    f(x, e, t)
+    assert np.array_equal(e.view(np.uint32), np.array([exp32(-v) for v in x], np.float32).view(np.uint32))
+    assert np.array_equal(t.view(np.uint32), np.array([tanh32(v) for v in x], np.float32).view(np.uint32))
