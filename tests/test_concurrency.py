@@ -148,3 +148,39 @@ def test_two_models_of_different_dtypes_and_threads_at_once(stories_path):
 
     assert _run_threads(4, work) == []
     assert seen == {"fp32": {1}, "fp16": {min(2, limit)}}
+
+
+# --------------------------------------------------------------------------------- numba's cache
+
+
+def test_kernels_saved_at_once_keep_their_own_machine_code(tmp_path, monkeypatch):
+    """Processes compiling different signatures of one kernel at once (servers started together on a
+    fresh cache, parallel test workers) each save into numba's cache. numba's own save reads the index,
+    takes the first free data file, then rewrites the index: savers that all read it before any wrote
+    would all take `f.1.nbc`, and the index would point signatures at each other's code. tinydet's
+    save (installed with the CPU backend) locks the index; here eight threads save at once, each
+    reading the index slowly, and every signature still loads its own data."""
+    from numba.core.caching import IndexDataCacheFile
+
+    import tinydet.backends.cpu  # noqa: F401 (installs the locked save)
+
+    assert IndexDataCacheFile._tinydet_locked
+    slow_read = IndexDataCacheFile._load_index
+
+    def load_index(self):
+        overloads = slow_read(self)
+        time.sleep(0.05)  # every unlocked saver reads the empty index before the first one writes
+        return overloads
+
+    monkeypatch.setattr(IndexDataCacheFile, "_load_index", load_index)
+    files = [IndexDataCacheFile(str(tmp_path), "kernel-12.py311", "stamp") for _ in range(8)]
+    threads = [threading.Thread(target=f.save, args=((f"signature {i}",), f"machine code {i}".encode()))
+               for i, f in enumerate(files)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    monkeypatch.setattr(IndexDataCacheFile, "_load_index", slow_read)
+    fresh = IndexDataCacheFile(str(tmp_path), "kernel-12.py311", "stamp")
+    assert [fresh.load((f"signature {i}",)) for i in range(8)] == [f"machine code {i}".encode() for i in range(8)]
+    assert len(list(tmp_path.glob("kernel-12.py311.*.nbc"))) == 8

@@ -42,8 +42,42 @@ def _cache_key() -> str:
     return h.hexdigest()[:16]
 
 
+def _lock_cache_saves() -> None:
+    """Make numba's cache safe for processes that compile at once (servers or replicas started
+    together on a fresh cache, parallel test workers). numba's save reads a function's index, takes the
+    first data file name the index does not use, then rewrites the index: two processes saving
+    different signatures of one function at once both take `f.1.nbc`, and the index left behind can
+    point one signature at the other's machine code. Here a save holds an exclusive lock on the index
+    from reading it to rewriting it, and writes the data file before the index names it."""
+    try:
+        import fcntl
+        from numba.core.caching import IndexDataCacheFile
+    except ImportError:  # no flock (Windows), or a numba that moved its cache: numba's own save
+        return
+    if getattr(IndexDataCacheFile, "_tinydet_locked", False):
+        return
+
+    def save(self, key, data):
+        os.makedirs(self._cache_path, exist_ok=True)
+        with open(self._index_path + ".lock", "ab") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            overloads = self._load_index()
+            name = overloads.get(key)
+            if name is None:
+                used = set(overloads.values())
+                name = next(n for n in map(self._data_name, itertools.count(1)) if n not in used)
+            self._save_data(name, data)
+            if overloads.get(key) != name:
+                overloads[key] = name
+                self._save_index(overloads)
+
+    IndexDataCacheFile.save = save
+    IndexDataCacheFile._tinydet_locked = True
+
+
 if not os.environ.get("NUMBA_CACHE_DIR"):
     numba.config.CACHE_DIR = str(cache_base() / "numba" / _cache_key())
+_lock_cache_saves()
 
 from ...config import ModelConfig  # noqa: E402
 from ...errors import TinydetError  # noqa: E402
