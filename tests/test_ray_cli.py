@@ -15,6 +15,7 @@ import pytest
 
 pytest.importorskip("ray.serve", reason="the ray extra is not installed: pip install 'tinydet[ray]'")
 openai = pytest.importorskip("openai", reason="the openai client is not installed (the test extra has it)")
+pytestmark = pytest.mark.usefixtures("ray_turn")  # one local Ray cluster at a time (pytest -n)
 
 from test_ray import _bad_canary, _free_port  # noqa: E402
 
