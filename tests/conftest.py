@@ -8,7 +8,6 @@ A model that cannot be had is a skip with the reason, never a silent pass.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import tinydet  # first: sizes numba's thread pool before anything imports numba
 # when it is imported, and a test's temporary TINYDET_CACHE_DIR would make the kernels compile again.
 import tinydet.api  # noqa: F401
 from tinydet.hashing import file_sha256 as sha256_file
+from tinydet.paths import file_lock
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_MODELS = Path(os.environ.get("TINYDET_SHARED_MODELS", ROOT.parent / "shared" / "models"))
@@ -39,8 +39,7 @@ GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
 def ray_turn():
     """One local Ray cluster at a time: under `pytest -n` the Ray test files may run on two workers at
     once, and each holds this lock for its whole module."""
-    with open(Path(tempfile.gettempdir()) / "tinydet-tests-ray.lock", "ab") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with file_lock(Path(tempfile.gettempdir()) / "tinydet-tests-ray.lock"):
         yield
 
 

