@@ -6,7 +6,7 @@ every shape gives the same bits.
     python bench/tiles.py [--shapes r4w64,r6w16,...] [--rows 8,128] [--mode direct|buffered|few]
 
 A shape rRwW runs R rows a pass over W outputs (W lanes of one vector), the rest of a range by
-smaller passes. "direct": float32 panels read from memory (fp32 storage); "buffered": fp16 panels
+smaller passes (rRwWv8: those of 8 vectors of sums, 4 x 16, 2 x 32, 1 x 64 lanes). "direct": float32 panels read from memory (fp32 storage); "buffered": fp16 panels
 widened, group by group, into a float32 buffer (fp16 storage; quantized panels are dequantized into
 the same buffer); "few": a few rows (a batch of decoding sequences) on fp16 panels read from
 memory, each thread an equal run of 32-output units (`loaders.few_rows`). The weights rotate over
@@ -32,9 +32,14 @@ from tinydet.backends.cpu import layout, tiles  # noqa: E402
 from tinydet.backends.cpu.matmul import chunk_range, split_chunks  # noqa: E402
 from tinydet.backends.cpu.simd import target_isa, to_f16_bits, v_load, v_store  # noqa: E402
 
-SHAPES = {"r4w64": ((4,), 64), "r6w64": ((6, 4, 2, 1), 64), "r8w64": ((8, 4, 2, 1), 64), "r1w64": ((1,), 64),
-          "r2w32": ((2, 1), 32), "r3w32": ((3, 2, 1), 32), "r6w32": ((6, 4, 2, 1), 32), "r8w32": ((8, 4, 2, 1), 32),
-          "r4w16": ((4, 2, 1), 16), "r6w16": ((6, 4, 2, 1), 16), "r8w16": ((8, 4, 2, 1), 16)}
+SHAPES = {"r4w64": ((4, 64),), "r6w64": ((6, 64), (4, 64), (2, 64), (1, 64)),
+          "r8w64": ((8, 64), (4, 64), (2, 64), (1, 64)), "r1w64": ((1, 64),),
+          "r2w32": ((2, 32), (1, 32)), "r3w32": ((3, 32), (2, 32), (1, 32)),
+          "r6w32": ((6, 32), (4, 32), (2, 32), (1, 32)), "r8w32": ((8, 32), (4, 32), (2, 32), (1, 32)),
+          "r4w16": ((4, 16), (2, 16), (1, 16)), "r6w16": ((6, 16), (4, 16), (2, 16), (1, 16)),
+          "r8w16": ((8, 16), (4, 16), (2, 16), (1, 16)),
+          # the rest of a range in tiles of 8 ymm of sums (tiles.SHAPES' AVX2 choice)
+          "r6w16v8": ((6, 16), (4, 16), (2, 32), (1, 64))}
 MATRICES = (("w13", 3072, 576), ("w2", 576, 1536), ("qkv", 960, 576))
 
 _SRC = """
@@ -64,10 +69,10 @@ def run(x, w, n_out, out, nth):
 def kernel(name: str, mode: str):
     """The matrix product of matmul.mm's many-row path (or, "few", of a few rows on fp16 panels) with
     one fixed tile shape."""
-    sizes, width = SHAPES[name]
+    shapes = SHAPES[name]
     buffered = mode == "buffered"
     env = dict(np=np, prange=prange, split_chunks=split_chunks, chunk_range=chunk_range, v_load=v_load,
-               v_store=v_store, span=tiles.span(sizes, 32 if mode == "few" else 64, width), ROWS=max(sizes),
+               v_store=v_store, span=tiles.span(shapes, 32 if mode == "few" else 64), ROWS=shapes[0][0],
                CHUNK=16 if buffered else 8, BUFFERED=buffered, FEW=mode == "few")
     exec(_SRC, env)  # noqa: S102 (the template above)
     return njit(parallel=True)(env["run"])

@@ -101,16 +101,16 @@ def test_every_vector_units_tile_gives_the_same_bits():
     tiles and leave every tail, a partial last panel and K off the 64-long k-blocks."""
     from tinydet.backends.cpu import tiles
 
-    seen = {(tuple(sizes), tiles.LANES if kind != "few" else tiles.LANES // 2, W)
-            for units in tiles.SHAPES.values() for kind, opts in units.items() for _, sizes, W in opts}
-    assert any(W == 16 for _, _, W in seen)
+    seen = {(shapes, tiles.LANES if kind != "few" else tiles.LANES // 2)
+            for units in tiles.SHAPES.values() for kind, opts in units.items() for _, shapes in opts}
+    assert any(W == 16 for shapes, _ in seen for _, W in shapes)
     n, k = 100, 300  # 5 k-blocks (the compensation acts from the third), the last partial
     rng = np.random.default_rng(7)
     p32 = layout.pack_panels(rng.standard_normal((n, k)).astype(np.float32))
-    for sizes, width, W in sorted(seen):
-        run = _span_kernel(tiles.span(sizes, width, W), width)
+    for shapes, width in sorted(seen):
+        run = _span_kernel(tiles.span(shapes, width), width)
         for T in list(range(1, 14)) + [64]:
             x = rng.standard_normal((T, k)).astype(np.float32)
             got = np.full((T, n), np.nan, np.float32)
             run(x, p32, n, got)
-            assert np.array_equal(bits(got), bits(product(x, p32, n))), f"rows {sizes} x {W} lanes of {width}, T={T}"
+            assert np.array_equal(bits(got), bits(product(x, p32, n))), f"tiles {shapes} of {width}, T={T}"

@@ -20,17 +20,21 @@ from numba import njit
 
 from .simd import KBLOCK, LANES, VECTORS, at, kahan, target_isa, v_add, v_get, v_mul, v_store
 
-# Per vector unit, the tiles of each product: [(from T rows on, rows per pass largest first, lanes)], the
-# last entry whose T applies. "direct": float32 panels read from memory; "buffered": a panel widened or
-# dequantized into a cache-resident buffer; "few": a few rows times a 32-output unit (fp16 panels,
-# `loaders.few_rows`). AVX-512 keeps 4-6 rows x 64 lanes (16-24 zmm of sums) and 8 x 32. AVX2 has 16
-# ymm: 6 rows x 16 lanes (12 ymm) once the product is compute-bound; a few rows read from memory stay
-# at 4 x 64, bound by the memory; fp16's few rows 2 x 32 (8 ymm; 8 x 32 spilled) (measured:
-# bench/README.md, "Tiles per vector unit").
+# Per vector unit, the tiles of each product: [(from T rows on, tiles)], the last entry whose T applies;
+# tiles are (rows per pass, lanes) largest first. "direct": float32 panels read from memory;
+# "buffered": a panel widened or dequantized into a cache-resident buffer; "few": a few rows times a
+# 32-output unit (fp16 panels, `loaders.few_rows`). AVX-512 keeps 4-6 rows x 64 lanes (16-24 zmm of
+# sums) and 8 x 32. AVX2 has 16 ymm: 6 rows x 16 lanes (12 ymm) once the product is compute-bound, and
+# the rest of a range in tiles of 8 ymm of sums (4 x 16, 2 x 32, 1 x 64): fewer running sums than the
+# add pipes have cycles of latency in flight leave them idle (2 x 16 ran 1.5x, 1 x 16 2.8x the time of
+# 2 x 32, 1 x 64); a few rows read from memory stay at 4 x 64, bound by the memory; fp16's few rows
+# 2 x 32 (8 ymm; 8 x 32 spilled) (measured: bench/README.md, "Tiles per vector unit").
+_AVX2_MANY = ((6, 16), (4, 16), (2, 32), (1, 64))
 SHAPES = {
-    "avx512": {"direct": [(1, (4,), 64)], "buffered": [(1, (6, 4, 2, 1), 64)], "few": [(1, (8, 4, 1), 32)]},
-    "avx2": {"direct": [(1, (4,), 64), (48, (6, 4, 2, 1), 16)], "buffered": [(1, (6, 4, 2, 1), 16)],
-             "few": [(1, (2, 1), 32)]},
+    "avx512": {"direct": [(1, ((4, 64),))], "buffered": [(1, ((6, 64), (4, 64), (2, 64), (1, 64)))],
+               "few": [(1, ((8, 32), (4, 32), (1, 32)))]},
+    "avx2": {"direct": [(1, ((4, 64),)), (48, _AVX2_MANY)], "buffered": [(1, _AVX2_MANY)],
+             "few": [(1, ((2, 32), (1, 32)))]},
 }
 SHAPES["sse"] = SHAPES["avx2"]  # 16 xmm: a generic x86-64 build is for checking bits, not for speed
 
@@ -71,16 +75,18 @@ def dot(R: int, W: int):
 
 
 @lru_cache(maxsize=None)
-def span(sizes: tuple, width: int, W: int):
+def span(shapes: tuple, width: int):
     """The jitted out[ta:tb, n0 : n0 + width] (clipped at n_out) = x[ta:tb] times the `width` outputs
-    whose lanes start at buf[off:], in tiles of R rows (`sizes`, largest first: full tiles of the largest,
-    the rest by the smallest size that covers it) by W outputs:
+    whose lanes start at buf[off:], in tiles `shapes` ((R rows, W outputs), largest R first; each W
+    divides width): full tiles of the largest, the rest by the smallest tile that covers it.
         f(x, ta, tb, buf, off, n0, n_out, out)"""
+    if any(width % W for _, W in shapes):
+        raise ValueError(f"tiles {shapes}: each tile's lanes must divide the span's {width}")
     lines = ["def f(x, ta, tb, buf, off, n0, n_out, out):", "    K = x.shape[1]", "    last = tb - 1",
              "    t = ta", "    while t < tb:", "        m = tb - t"]
-    order = sorted(sizes)
-    for i, R in enumerate(order):
-        test = "if True:" if len(order) == 1 else "else:" if R == order[-1] else f"{'if' if i == 0 else 'elif'} m <= {R}:"
+    order = sorted(shapes)
+    for i, (R, W) in enumerate(order):
+        test = "if True:" if len(order) == 1 else "else:" if i == len(order) - 1 else f"{'if' if i == 0 else 'elif'} m <= {R}:"
         lines.append(f"        {test}")
         rows = "".join(f"min(t + {i}, last) * K, " for i in range(R))
         lines.append(f"            for j in range(0, {width}, {W}):")
@@ -88,7 +94,7 @@ def span(sizes: tuple, width: int, W: int):
         lines += [f"                if t + {i} < tb:\n                    put(out, t + {i}, n0 + j, n_out, s[{i}], {W})"
                   for i in range(R)]
         lines.append(f"            t += {R}")
-    dots = {f"dot{R}": dot(R, W) for R in sizes}
+    dots = {f"dot{R}": dot(R, W) for R, W in shapes}
     return njit(inline="always")(_compile("\n".join(lines), "f", put=put, **dots))
 
 
@@ -98,13 +104,13 @@ def _by_rows(kind: str, isa: str):
     x.shape[0] rows, and rows(T), the rows per pass of that tile (for the split of work)."""
     opts = SHAPES[isa][kind]
     width = LANES if kind != "few" else LANES // 2
-    env = {f"s{i}": span(tuple(sizes), width, W) for i, (_, sizes, W) in enumerate(opts)}
+    env = {f"s{i}": span(shapes, width) for i, (_, shapes) in enumerate(opts)}
     f = ["def f(x, ta, tb, buf, off, n0, n_out, out):", "    T = x.shape[0]"]
     r = ["def rows(T):"]
     for i in reversed(range(len(opts))):
         test = "if True:" if len(opts) == 1 else "else:" if i == 0 else f"{'if' if i == len(opts) - 1 else 'elif'} T >= {opts[i][0]}:"
         f += [f"    {test}", f"        s{i}(x, ta, tb, buf, off, n0, n_out, out)"]
-        r += [f"    {test}", f"        return {max(opts[i][1])}"]
+        r += [f"    {test}", f"        return {opts[i][1][0][0]}"]
     return (njit(inline="always")(_compile("\n".join(f), "f", **env)),
             njit(inline="always")(_compile("\n".join(r), "rows")))
 
