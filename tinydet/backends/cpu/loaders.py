@@ -24,7 +24,7 @@ from numba.extending import overload
 
 from .layout import QBLOCK, QPanels, as_storage
 from .qblocks import q_dequantize_pair, q_element, q_unit
-from .simd import HALF, LANES, v_load, v_store, widen
+from .simd import HALF, LANES, prefetch, v_load, v_store, widen
 from .tiles import dot, put, rows_for, tiles_for
 
 # fp16 panels: from this many tokens on, widened once per group into a float32 buffer (`prefill_group`);
@@ -158,6 +158,55 @@ def _fill_at_impl(w, p0, g, wbuf):
     return panels
 
 
+def _prefetch_panels(a, p0, p1):
+    raise NotImplementedError("_prefetch_panels is for jitted code")
+
+
+@overload(_prefetch_panels, inline="always")
+def _prefetch_panels_impl(a, p0, p1):
+    """A prefetch of each cache line of panels p0 .. p1 (clipped) of `a` (panels on the first axis),
+    or nothing for a None slot."""
+    if isinstance(a, types.NoneType):
+        return lambda a, p0, p1: None
+    step = max(1, 64 // (a.dtype.bitwidth // 8))  # elements per 64-byte line
+
+    def impl(a, p0, p1):
+        P = a.shape[0]
+        if P > 0:
+            per = a.size // P
+            for i in range(min(p0, P) * per, min(p1, P) * per, step):
+                prefetch(a, i)
+    return impl
+
+
+def _prefetch_at(w, p0, g):
+    raise NotImplementedError("_prefetch_at is for jitted code")
+
+
+@overload(_prefetch_at, inline="always")
+def _prefetch_at_impl(w, p0, g):
+    """Prefetch what `_fill_at(w, p0, g, ...)` reads. A job dequantizes (or widens) its group, then
+    spends the tiles' time on it without touching memory; prefetching the next group then lets the
+    next fill find its weights in cache instead of waiting on DRAM (a batch of 8 decoding sequences,
+    AVX2 build: Q4_1 products 0.83-0.96x the time)."""
+    if isinstance(w, types.BaseTuple):
+        def q3(w, p0, g):  # the pair of panels of every array of the storage (None slots: nothing)
+            q0 = p0 + 2 * g
+            _prefetch_panels(w[0], q0, q0 + 2)
+            _prefetch_panels(w[1], q0, q0 + 2)
+            _prefetch_panels(w[2], q0, q0 + 2)
+
+        def q5(w, p0, g):
+            q0 = p0 + 2 * g
+            _prefetch_panels(w[0], q0, q0 + 2)
+            _prefetch_panels(w[1], q0, q0 + 2)
+            _prefetch_panels(w[2], q0, q0 + 2)
+            _prefetch_panels(w[3], q0, q0 + 2)
+            _prefetch_panels(w[4], q0, q0 + 2)
+        return q3 if len(w) == 3 else q5
+    return lambda w, p0, g: _prefetch_panels(w, p0 + g, p0 + g + 1)
+
+
 # One compiled function per storage type for a segment of a mixed kind (`layout.MixedPanels`), shared
 # by every kind that has a part of that type (inlining each part's kernels into one function made
 # the compile several times slower).
@@ -172,7 +221,13 @@ def _seg_fill(w, p0, g, wbuf):
     _fill_at(w, p0, g, wbuf)
 
 
-_ARGS = {"_seg_gemv": ("x, ", "p0, n_out, out, u0, u1, c0"), "_seg_fill": ("", "p0, g, wbuf")}
+@njit(cache=True)
+def _seg_prefetch(w, p0, g):
+    _prefetch_at(w, p0, g)
+
+
+_ARGS = {"_seg_gemv": ("x, ", "p0, n_out, out, u0, u1, c0"), "_seg_fill": ("", "p0, g, wbuf"),
+         "_seg_prefetch": ("", "p0, g")}
 
 
 def _part_call(what: str, w):
@@ -186,7 +241,7 @@ def _part_call(what: str, w):
         part = f"w[{o}]" if isinstance(w[o + 1], types.NoneType) else f"(w[{o}], w[{o + 1}], w[{o + 2}], w[{o + 3}], w[{o + 4}])"
         lines.append(f"    {'if' if i == 0 else 'elif'} i == {i}:")
         lines.append(f"        {what}({pre}{part}, {args})")
-    env = {"_seg_gemv": _seg_gemv, "_seg_fill": _seg_fill}
+    env = {"_seg_gemv": _seg_gemv, "_seg_fill": _seg_fill, "_seg_prefetch": _seg_prefetch}
     exec("\n".join(lines), env)  # noqa: S102 (generated from the constants above)
     return env["f"]
 
@@ -199,6 +254,10 @@ def _mixed_fill(w, i, p0, g, wbuf):
     raise NotImplementedError("_mixed_fill is for jitted code")
 
 
+def _mixed_prefetch(w, i, p0, g):
+    raise NotImplementedError("_mixed_prefetch is for jitted code")
+
+
 @overload(_mixed_gemv, inline="always")
 def _mixed_gemv_impl(w, i, x, p0, n_out, out, u0, u1, c0):
     return _part_call("_seg_gemv", w)
@@ -207,6 +266,11 @@ def _mixed_gemv_impl(w, i, x, p0, n_out, out, u0, u1, c0):
 @overload(_mixed_fill, inline="always")
 def _mixed_fill_impl(w, i, p0, g, wbuf):
     return _part_call("_seg_fill", w)
+
+
+@overload(_mixed_prefetch, inline="always")
+def _mixed_prefetch_impl(w, i, p0, g):
+    return _part_call("_seg_prefetch", w)
 
 
 def gemv_units(x, w, n_out, out, u0, u1):
@@ -247,12 +311,14 @@ def _prefill_group(x, w, g, ta, tb, n_out, out):
                     # the group's weights as float32, then the one tiling of every dequantized pair
                     wbuf = np.empty(x.shape[1] * LANES, np.float32)
                     _mixed_fill(w, tab[s, 0], tab[s, 1], g - g0, wbuf)
+                    _mixed_prefetch(w, tab[s, 0], tab[s, 1], g - g0 + 1)  # the next group (`_prefetch_at`)
                     buffered(x, ta, tb, wbuf, 0, g * LANES, min(n_out, tab[s + 1, 2]), out)
         return mixed
     if isinstance(w, types.BaseTuple):
         def quantized(x, w, g, ta, tb, n_out, out):
             wbuf = np.empty(x.shape[1] * LANES, np.float32)
             _seg_fill(w, 0, g, wbuf)  # dequantized (a missing second panel: zeros)
+            _seg_prefetch(w, 0, g + 1)  # the next group (`_prefetch_at`)
             buffered(x, ta, tb, wbuf, 0, g * LANES, n_out, out)
         return quantized
     if w.dtype == types.uint16:
@@ -264,6 +330,7 @@ def _prefill_group(x, w, g, ta, tb, n_out, out):
             wbuf = np.empty(K * LANES, np.float32)
             for k in range(K):
                 v_store(wbuf, k * LANES, v_load(w, (g * K + k) * LANES))
+            _prefetch_at(w, 0, g + 1)  # the next group
             buffered(x, ta, tb, wbuf, 0, g * LANES, n_out, out)
         return half
     direct = tiles_for("direct")

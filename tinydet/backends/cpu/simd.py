@@ -304,6 +304,25 @@ def v_store(typingctx, arr, idx, v):
 
 
 @intrinsic
+def prefetch(typingctx, arr, idx):
+    """A hint to bring the cache line of arr[idx] (flat, C-contiguous) toward the core, to be read
+    soon (llvm.prefetch); it changes no value and faults on no address."""
+    if not (isinstance(arr, types.Array) and arr.layout == "C" and isinstance(idx, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i8p = ir.IntType(8).as_pointer()
+        p = _ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], context.get_data_type(sig.args[0].dtype))
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, _I32, _I32, _I32])
+        fn = builder.module.declare_intrinsic("llvm.prefetch", [i8p], fnty)
+        # read, keep in all cache levels, data cache
+        builder.call(fn, [builder.bitcast(p, i8p), ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+        return context.get_dummy_value()
+
+    return types.none(arr, idx), codegen
+
+
+@intrinsic
 def v_get(typingctx, v, i):
     """Lane i of v."""
     if not (isinstance(v, _F32VType) and isinstance(i, types.Integer)):
