@@ -28,7 +28,8 @@ from .simd import KBLOCK, LANES, VECTORS, at, kahan, target_isa, v_add, v_get, v
 # the rest of a range in tiles of 8 ymm of sums (4 x 16, 2 x 32, 1 x 64): fewer running sums than the
 # add pipes have cycles of latency in flight leave them idle (2 x 16 ran 1.5x, 1 x 16 2.8x the time of
 # 2 x 32, 1 x 64); a few rows read from memory stay at 4 x 64, bound by the memory; fp16's few rows
-# 2 x 32 (8 ymm; 8 x 32 spilled) (measured: bench/README.md, "Tiles per vector unit").
+# 2 x 32 (8 ymm; 8 x 32 spilled) (measured: bench/README.md, "Tiles per vector unit" and "A few rows
+# on AVX2").
 _AVX2_MANY = ((6, 16), (4, 16), (2, 32), (1, 64))
 SHAPES = {
     "avx512": {"direct": [(1, ((4, 64),))], "buffered": [(1, ((6, 64), (4, 64), (2, 64), (1, 64)))],
