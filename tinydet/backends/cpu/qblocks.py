@@ -16,19 +16,20 @@ as an integer, converted exactly):
                                      q = (nibble | high 2 bits << 4) - 32
 dequant.py subtracts Q4_0's 8 (Q5_0's 16, Q6_K's 32) in float32 (`float(q) - 8.0`); that subtraction is
 exact for every quant, so doing it on the integer before the exact conversion gives the same float.
-The fused multiply-adds are Q4_1's (d * q) + m and Q4_K/Q5_K's (dl * q) - ml where the target has
+The fused multiply-adds are Q4_1's (d * q) + m and Q4_K/Q5_K's (dl * q) + (-ml) where the target has
 FMA: d is an fp16 value (11 significant bits) and q a 4-bit integer, so d * q is exact in float32;
 dl = d * sc has at most 11 + 6 significant bits and is exact, and dl * q (q < 32) has at most 22, so
-it is exact too: fusing skips a rounding that rounds nothing (`v_dq_add`, `v_dq_sub`).
+it is exact too: fusing skips a rounding that rounds nothing (`v_dq_add`).
 
 Speed: decode of quantized panels is compute-bound here (dequantizing costs more instructions than the
 bytes it saves take to load), hence 32-lane panels and 4-bit quants regrouped into 32-bit words of 8.
 Where the compile target has AVX-512F, nibble i of a word is one shift and one `vpermps` lookup in the
-16-entry table of the quants' floats. Elsewhere it is one mask, word & (15 << 4i), converted: the exact
-float q * 2^4i, which meets the scale pre-multiplied by 2^-4i (`v_nib_scale`): both factors are exact
-(a power of two moves the exponent of an fp16 scale, at least 2^-24, nowhere near float32's subnormals)
-and their product is the same real number as d * q, so the same float. Without the shift AVX2 decode
-takes 0.75x the time. The tests compare the AVX-512 build with a NUMBA_CPU_NAME=generic one.
+16-entry table of the quants' floats. Elsewhere nibbles 0..6 are one mask, word & (15 << 4i), converted:
+the exact float q * 2^4i, which meets the scale pre-multiplied by 2^-4i (`v_nib_scale`). Both factors
+are exact (a power of two moves the exponent of an fp16 scale, at least 2^-24, nowhere near float32's
+subnormals) and their product is the same real number as d * q, so the same float. AVX2 build, one
+thread, decode products against the shift: Q4_0/Q4_1 0.87-0.89x the time, Q4_K 0.77-0.92x. The tests
+compare the AVX-512 build with a NUMBA_CPU_NAME=generic one.
 The 5- and 6-bit quants add their high bits to the nibble as integers, then convert (exact).
 """
 
@@ -41,7 +42,7 @@ from numba.extending import intrinsic, overload
 
 from .layout import QBLOCK
 from .simd import (HALF, KBLOCK, LANES, _F32V32, _c_array, _ptr, _splat, at, broadcast, kahan, target_has, v32_load,
-                   v32_splat, v32_zero, v_add, v_mul, v_store, widen)
+                   v32_splat, v32_zero, v_add, v_mul, v_neg, v_store, widen)
 
 # ---------------------------------------------------------------------------------------------------
 # Quantized weights as 32-lane float vectors.
@@ -137,11 +138,12 @@ def v_nib_scale(typingctx, d, i):
 
 @intrinsic
 def v_dq_add(typingctx, d, q, m):
-    """(d * q) + m lane by lane, for d an fp16 value (11 significant bits) and q a 4-bit integer: their
-    product has at most 15 significant bits, so it is exact in float32 and rounding it first (mul, then
-    add) gives the same float as rounding d * q + m once (a fused multiply-add). Where the compile
-    target has FMA, one fused instruction; elsewhere the mul and the add. The same bits either way (a
-    NaN's payload aside, which no operation here promises)."""
+    """(d * q) + m lane by lane, where d * q is exact in float32: d an fp16 value (11 significant bits)
+    or one times a 6-bit scale (17), either times a power of two (`v_nib_scale`), and q an integer below
+    32 in magnitude, or one times a power of two: at most 22 significant bits. Rounding the exact
+    product first (mul, then add) gives the same float as rounding d * q + m once (a fused multiply-
+    add). Where the compile target has FMA, one fused instruction; elsewhere the mul and the add. The
+    same bits either way (a NaN's payload aside, which no operation here promises)."""
     if not (d == _F32V32 and q == _F32V32 and m == _F32V32):
         return None
 
@@ -157,28 +159,6 @@ def v_dq_add(typingctx, d, q, m):
     return _F32V32(d, q, m), codegen
 
 
-
-
-@intrinsic
-def v_dq_sub(typingctx, dl, q, ml):
-    """(dl * q) - ml lane by lane (Q4_K/Q5_K), for dl = d * sc (d an fp16 value, sc < 64: at most 17
-    significant bits, exact) and q < 32: the product has at most 22 significant bits and is exact, so
-    rounding it first gives the same float as one fused multiply-add of -ml (a - b is a + (-b) in
-    IEEE arithmetic, zeros' signs included). Fused where the target has FMA; the same bits either way
-    (a NaN's payload aside)."""
-    if not (dl == _F32V32 and q == _F32V32 and ml == _F32V32):
-        return None
-
-    def codegen(context, builder, sig, args):
-        a, b, c = args
-        if target_has(context, "fma"):
-            vt = _vec(_F)
-            name = f"llvm.fma.v{HALF}f32"
-            fn = builder.module.globals.get(name) or ir.Function(builder.module, ir.FunctionType(vt, [vt, vt, vt]), name)
-            return builder.call(fn, [a, b, builder.fneg(c)])
-        return builder.fsub(builder.fmul(a, b), c)
-
-    return _F32V32(dl, q, ml), codegen
 
 
 def _quant_bits(hi_mask: int, sub: int):
@@ -293,15 +273,50 @@ def _mins(m, idx):
 
 
 def w_q4(qs, base, i, db, mb):
-    """Weights of nibble i of the 32 words at qs[base:]: d * (q - 8) (Q4_0, mb None) or (d * q) + m."""
+    """Weights of nibble i of the 32 words at qs[base:], db being `v_nib_scale(d, i)`: d * (q - 8) (Q4_0,
+    mb None) or (d * q) + m (Q4_1; Q4_K: dl and -ml, `_k1_scales`)."""
     raise NotImplementedError("w_q4 is for jitted code")
 
 
 @overload(w_q4, inline="always")
 def _w_q4(qs, base, i, db, mb):
     if isinstance(mb, types.NoneType):
-        return lambda qs, base, i, db, mb: v_mul(v_nib_scale(db, i), v_nib_m8(qs, base, i))  # d * (q - 8)
-    return lambda qs, base, i, db, mb: v_dq_add(v_nib_scale(db, i), v_nib(qs, base, i), mb)  # (d * q) + m
+        return lambda qs, base, i, db, mb: v_mul(db, v_nib_m8(qs, base, i))  # d * (q - 8)
+    return lambda qs, base, i, db, mb: v_dq_add(db, v_nib(qs, base, i), mb)  # (d * q) + m
+
+
+@njit(cache=True, inline="always")
+def _k1_scales(w, p, b):
+    """Q4_K/Q5_K block b of panel p: its 32 scales dl = d * sc and negated mins -(dmin * mn), the
+    weights being (dl * q) + (-ml), which is (dl * q) - ml in IEEE arithmetic, zeros' signs included."""
+    d, dm, sc = w[1], w[2], w[3]
+    s = p * d.shape[1] + b // 8
+    j = b % 8
+    dl = v_mul(v32_load(d, s * HALF), v_k_scale(sc, s * 12 * HALF, j))  # d * sc
+    return dl, v_neg(v_mul(v32_load(dm, s * HALF), v_k_min(sc, s * 12 * HALF, j)))  # -(dmin * mn)
+
+
+@njit(cache=True, inline="always")
+def nib_block(qs, pb, kb, db, mb, x, r0, a, wbuf, woff):
+    """`q_block` for a block of 4-bit quants, its nibble words at qs[pb * 4 * 32:], scale db and mins mb
+    (`w_q4`), element e at k = kb + e. The eight nibbles are written out, each index a constant: as a
+    loop LLVM kept them a loop, with a mask, a select and a scale computed at run time each pass; so
+    the eight scales (`v_nib_scale`) are computed once a block."""
+    d0, d1, d2, d3 = v_nib_scale(db, 0), v_nib_scale(db, 1), v_nib_scale(db, 2), v_nib_scale(db, 3)
+    d4, d5, d6, d7 = v_nib_scale(db, 4), v_nib_scale(db, 5), v_nib_scale(db, 6), v_nib_scale(db, 7)
+    for g in range(4):
+        base = (pb * 4 + g) * HALF
+        k = kb + 8 * g
+        wi = woff + k * LANES
+        a = acc(a, w_q4(qs, base, 0, d0, mb), x, r0 + k, wbuf, wi)
+        a = acc(a, w_q4(qs, base, 1, d1, mb), x, r0 + k + 1, wbuf, wi + LANES)
+        a = acc(a, w_q4(qs, base, 2, d2, mb), x, r0 + k + 2, wbuf, wi + 2 * LANES)
+        a = acc(a, w_q4(qs, base, 3, d3, mb), x, r0 + k + 3, wbuf, wi + 3 * LANES)
+        a = acc(a, w_q4(qs, base, 4, d4, mb), x, r0 + k + 4, wbuf, wi + 4 * LANES)
+        a = acc(a, w_q4(qs, base, 5, d5, mb), x, r0 + k + 5, wbuf, wi + 5 * LANES)
+        a = acc(a, w_q4(qs, base, 6, d6, mb), x, r0 + k + 6, wbuf, wi + 6 * LANES)
+        a = acc(a, w_q4(qs, base, 7, d7, mb), x, r0 + k + 7, wbuf, wi + 7 * LANES)
+    return a
 
 
 @njit(cache=True, inline="always")
@@ -322,19 +337,6 @@ def _acc(a, w, x, xi, wbuf, wi):
             return a
         return store
     return lambda a, w, x, xi, wbuf, wi: v_add(a, v_mul(w, v32_splat(at(x, xi))))
-
-
-def w_k1(qs, base, i, qh, hbase, e, dl, ml):
-    """Weights (dl * q) - ml of element e = 8g + i of a Q4_K block (q its nibble i of the words at
-    qs[base:], qh None) or a Q5_K block (q its 5-bit quant, 5th bits at qh[hbase:]): 32 lanes."""
-    raise NotImplementedError("w_k1 is for jitted code")
-
-
-@overload(w_k1, inline="always")
-def _w_k1(qs, base, i, qh, hbase, e, dl, ml):
-    if isinstance(qh, types.NoneType):
-        return lambda qs, base, i, qh, hbase, e, dl, ml: v_dq_sub(v_nib_scale(dl, i), v_nib(qs, base, i), ml)
-    return lambda qs, base, i, qh, hbase, e, dl, ml: v_dq_sub(dl, v_q5(qs, base, 4 * i, qh, hbase, e), ml)
 
 
 def k_quant1(qs, qh, p, b, e, j):
@@ -388,13 +390,7 @@ def _q_block(w, p, b, x, r0, a, wbuf, woff):
             qs, d, m = w[0], w[1], w[2]
             nb = d.shape[1]
             db = v32_load(d, (p * nb + b) * HALF)
-            mb = mins(m, (p * nb + b) * HALF)
-            for g in range(4):
-                base = ((p * nb + b) * 4 + g) * HALF
-                kg = b * QBLOCK + 8 * g
-                for i in range(8):
-                    a = acc(a, w_q4(qs, base, i, db, mb), x, r0 + kg + i, wbuf, woff + (kg + i) * LANES)
-            return a
+            return nib_block(qs, p * nb + b, b * QBLOCK, db, mins(m, (p * nb + b) * HALF), x, r0, a, wbuf, woff)
         return q4
 
     if kind == "Q5_0":
@@ -412,23 +408,26 @@ def _q_block(w, p, b, x, r0, a, wbuf, woff):
             return a
         return q5_0
 
-    if kind in ("Q4_K", "Q5_K"):
-        def k_type1(w, p, b, x, r0, a, wbuf, woff):
-            qs, d, dm, sc, qh = w[0], w[1], w[2], w[3], w[4]
-            nb, ns = qs.shape[1], d.shape[1]
-            s = p * ns + b // 8
-            j = b % 8
-            dl = v_mul(v32_load(d, s * HALF), v_k_scale(sc, s * 12 * HALF, j))  # d * sc
-            ml = v_mul(v32_load(dm, s * HALF), v_k_min(sc, s * 12 * HALF, j))  # dmin * mn
+    if kind == "Q4_K":
+        def q4_k(w, p, b, x, r0, a, wbuf, woff):
+            dl, nml = _k1_scales(w, p, b)
+            return nib_block(w[0], p * w[0].shape[1] + b, b * QBLOCK, dl, nml, x, r0, a, wbuf, woff)
+        return q4_k
+
+    if kind == "Q5_K":
+        def q5_k(w, p, b, x, r0, a, wbuf, woff):
+            qs, qh = w[0], w[4]
+            nb = qs.shape[1]
+            dl, nml = _k1_scales(w, p, b)
             hbase = (p * nb + b) * HALF
             for g in range(4):
                 base = ((p * nb + b) * 4 + g) * HALF
                 kg = b * QBLOCK + 8 * g
                 for i in range(8):
-                    a = acc(a, w_k1(qs, base, i, qh, hbase, 8 * g + i, dl, ml), x, r0 + kg + i, wbuf,
-                            woff + (kg + i) * LANES)  # (dl * q) - ml
+                    q = v_q5(qs, base, 4 * i, qh, hbase, 8 * g + i)
+                    a = acc(a, v_dq_add(dl, q, nml), x, r0 + kg + i, wbuf, woff + (kg + i) * LANES)  # (dl * q) - ml
             return a
-        return k_type1
+        return q5_k
 
     if kind == "Q6_K":
         def q6_k(w, p, b, x, r0, a, wbuf, woff):

@@ -386,14 +386,14 @@ def v_sqrt(typingctx, v):
 
 @intrinsic
 def v_neg(typingctx, v):
-    """-v as numba negates a float: -0.0 - v."""
-    if v != _F32V:
+    """-v as numba negates a float: -0.0 - v (any lane count)."""
+    if not isinstance(v, _F32VType):
         return None
 
     def codegen(context, builder, sig, args):
-        return builder.fsub(_splat(_VF, -0.0), args[0])
+        return builder.fsub(_splat(args[0].type, -0.0), args[0])
 
-    return _F32V(v), codegen
+    return v(v), codegen
 
 
 @intrinsic
