@@ -383,9 +383,10 @@ def test_errors():
 
 def test_generic_x86_64_target_gives_the_same_bits(tmp_path):
     """Compiled for a generic x86-64 (the vectors split into SSE registers; no F16C, FMA or AVX-512:
-    integer fp16 widening, unfused multiply-adds, nibbles converted rather than looked up), the same
-    bits: Q4_1, and Q5_K (the 5th bits, the 6-bit sub-block scales and mins)."""
-    cases = [("Q4_1", 100, 160), ("Q5_K", 70, 512)]
+    integer fp16 widening, unfused multiply-adds, nibbles masked in place rather than looked up), the
+    same bits: Q4_1, Q5_0 and Q5_K (the 5th bits; Q5_K's 6-bit sub-block scales and mins), Q6_K (the
+    2 high bits, int8 scales)."""
+    cases = [("Q4_1", 100, 160), ("Q5_0", 40, 96), ("Q5_K", 70, 512), ("Q6_K", 40, 256)]
     script = tmp_path / "gen.py"
     script.write_text(
         "import sys, numpy as np, tinydet\n"

@@ -25,12 +25,12 @@ Speed: decode of quantized panels is compute-bound here (dequantizing costs more
 bytes it saves take to load), hence 32-lane panels and 4-bit quants regrouped into 32-bit words of 8.
 Where the compile target has AVX-512F, nibble i of a word is one shift and one `vpermps` lookup in the
 16-entry table of the quants' floats. Elsewhere nibbles 0..6 are one mask, word & (15 << 4i), converted:
-the exact float q * 2^4i, which meets the scale pre-multiplied by 2^-4i (`v_nib_scale`). Both factors
-are exact (a power of two moves the exponent of an fp16 scale, at least 2^-24, nowhere near float32's
+the exact float q * 2^4i, which meets the scale pre-multiplied by 2^-4i (`v_nib_scale`); the 5- and
+6-bit quants' high bits are moved next to their nibble in one shift (`v_hiq`). Both factors are exact
+(a power of two moves the exponent of an fp16 scale, at least 2^-24, nowhere near float32's
 subnormals) and their product is the same real number as d * q, so the same float. AVX2 build, one
-thread, decode products against the shift: Q4_0/Q4_1 0.87-0.89x the time, Q4_K 0.77-0.92x. The tests
-compare the AVX-512 build with a NUMBA_CPU_NAME=generic one.
-The 5- and 6-bit quants add their high bits to the nibble as integers, then convert (exact).
+thread, decode products against the shift: Q4_0/Q4_1 0.87-0.89x the time, Q4_K 0.77-0.92x, Q5_0 0.91x,
+Q5_K 0.86x, Q6_K 0.92x. The tests compare the AVX-512 build with a NUMBA_CPU_NAME=generic one.
 """
 
 from __future__ import annotations
@@ -159,38 +159,41 @@ def v_dq_add(typingctx, d, q, m):
     return _F32V32(d, q, m), codegen
 
 
+@intrinsic
+def v_hiq(typingctx, lo, li, i, hi, hi_idx, hpre, hbit, hmask, sub):
+    """A 5- or 6-bit quant of 32 lanes as float32: its nibble i (0..7) of the words at lo[li:] and its
+    high bits (hmask 1 or 3) at bit hbit of the words at hi[hi_idx:] shifted right by hpre (uint32
+    arrays), minus sub. AVX-512F: q = ((lo >> 4i) & 15 | ((hi >> hpre >> hbit) & hmask) << 4) - sub.
+    Elsewhere, for i < 7, q * 2^4i with the nibble masked in place and the high bits moved next to it in
+    one shift (as `v_nib`; multiply by v_nib_scale(d, i)). Exact either way: q * 2^4i < 2^30."""
+    ints = (li, i, hi_idx, hpre, hbit, hmask, sub)
+    if not (_c_array(lo, types.uint32) and _c_array(hi, types.uint32)
+            and all(isinstance(a, types.Integer) for a in ints)):
+        return None
 
-
-def _quant_bits(hi_mask: int, sub: int):
-    """An intrinsic (lo, li, lshift, hi, hi_idx, hshift) -> 32 lanes of the exact float of
-    (((lo[li:] >> lshift) & 15) | (((hi[hi_idx:] >> hshift) & hi_mask) << 4)) - sub: a 5-bit (hi_mask 1)
-    or 6-bit (hi_mask 3) quant from its nibble word and its high-bits word (uint32 arrays)."""
-    def impl(typingctx, lo, li, lshift, hi, hi_idx, hshift):
-        if not (_c_array(lo, types.uint32) and _c_array(hi, types.uint32)
-                and all(isinstance(a, types.Integer) for a in (li, lshift, hi_idx, hshift))):
-            return None
-
-        def codegen(context, builder, sig, args):
-            vi = _vec(_I32)
-            lp = _ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], vi)
-            hp = _ptr(context, builder, sig.args[3], args[3], args[4], sig.args[4], vi)
-            ls = broadcast(builder, vi, context.cast(builder, args[2], sig.args[2], types.uint32))
-            hs = broadcast(builder, vi, context.cast(builder, args[5], sig.args[5], types.uint32))
-            q = builder.and_(builder.lshr(builder.load(lp, align=4), ls), _splat(vi, 15))
-            h = builder.and_(builder.lshr(builder.load(hp, align=4), hs), _splat(vi, hi_mask))
-            q = builder.or_(q, builder.shl(h, _splat(vi, 4)))
-            if sub:
-                q = builder.sub(q, _splat(vi, sub))
+    def codegen(context, builder, sig, args):
+        vi = _vec(_I32)
+        u = [context.cast(builder, args[n], sig.args[n], types.uint32) for n in (2, 5, 6, 7, 8)]
+        i, hpre, hbit, hmask, sub = u
+        word = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], vi), align=4)
+        hw = builder.load(_ptr(context, builder, sig.args[3], args[3], args[4], sig.args[4], vi), align=4)
+        hh = builder.lshr(hw, broadcast(builder, vi, hpre))
+        four_i = builder.mul(i, ir.Constant(_I32, 4))
+        # q itself (AVX-512F, and the top nibble, whose in-place quant would not fit an int32)
+        q = builder.and_(builder.lshr(word, broadcast(builder, vi, four_i)), _splat(vi, 15))
+        h = builder.and_(builder.lshr(hh, broadcast(builder, vi, hbit)), broadcast(builder, vi, hmask))
+        q = builder.sub(builder.or_(q, builder.shl(h, _splat(vi, 4))), broadcast(builder, vi, sub))
+        if target_has(context, "avx512f"):
             return builder.sitofp(q, _vec(_F))
+        top = builder.icmp_unsigned("==", i, ir.Constant(_I32, 7))
+        up = builder.select(top, ir.Constant(_I32, 0), builder.sub(builder.add(four_i, ir.Constant(_I32, 4)), hbit))
+        qi = builder.and_(word, broadcast(builder, vi, builder.shl(ir.Constant(_I32, 15), four_i)))
+        hi_in = builder.shl(builder.and_(hh, broadcast(builder, vi, builder.shl(hmask, hbit))),
+                            broadcast(builder, vi, up))
+        qi = builder.sub(builder.or_(qi, hi_in), broadcast(builder, vi, builder.shl(sub, four_i)))
+        return builder.sitofp(builder.select(top, q, qi), _vec(_F))
 
-        return _F32V32(lo, li, lshift, hi, hi_idx, hshift), codegen
-
-    return intrinsic(impl)
-
-
-v_q5_m16 = _quant_bits(1, 16)  # Q5_0: -16..15
-v_q5 = _quant_bits(1, 0)  # Q5_K: 0..31
-v_q6_m32 = _quant_bits(3, 32)  # Q6_K: -32..31
+    return _F32V32(lo, li, i, hi, hi_idx, hpre, hbit, hmask, sub), codegen
 
 
 def _k_scale_min(is_min: bool):
@@ -297,13 +300,19 @@ def _k1_scales(w, p, b):
 
 
 @njit(cache=True, inline="always")
+def nib_scales(db):
+    """v_nib_scale(db, i) for the eight nibbles, computed once for the elements that share db."""
+    return (v_nib_scale(db, 0), v_nib_scale(db, 1), v_nib_scale(db, 2), v_nib_scale(db, 3),
+            v_nib_scale(db, 4), v_nib_scale(db, 5), v_nib_scale(db, 6), v_nib_scale(db, 7))
+
+
+@njit(cache=True, inline="always")
 def nib_block(qs, pb, kb, db, mb, x, r0, a, wbuf, woff):
     """`q_block` for a block of 4-bit quants, its nibble words at qs[pb * 4 * 32:], scale db and mins mb
     (`w_q4`), element e at k = kb + e. The eight nibbles are written out, each index a constant: as a
     loop LLVM kept them a loop, with a mask, a select and a scale computed at run time each pass; so
     the eight scales (`v_nib_scale`) are computed once a block."""
-    d0, d1, d2, d3 = v_nib_scale(db, 0), v_nib_scale(db, 1), v_nib_scale(db, 2), v_nib_scale(db, 3)
-    d4, d5, d6, d7 = v_nib_scale(db, 4), v_nib_scale(db, 5), v_nib_scale(db, 6), v_nib_scale(db, 7)
+    d0, d1, d2, d3, d4, d5, d6, d7 = nib_scales(db)
     for g in range(4):
         base = (pb * 4 + g) * HALF
         k = kb + 8 * g
@@ -316,6 +325,50 @@ def nib_block(qs, pb, kb, db, mb, x, r0, a, wbuf, woff):
         a = acc(a, w_q4(qs, base, 5, d5, mb), x, r0 + k + 5, wbuf, wi + 5 * LANES)
         a = acc(a, w_q4(qs, base, 6, d6, mb), x, r0 + k + 6, wbuf, wi + 6 * LANES)
         a = acc(a, w_q4(qs, base, 7, d7, mb), x, r0 + k + 7, wbuf, wi + 7 * LANES)
+    return a
+
+
+def w_hi(qs, base, i, qh, hidx, hpre, hbit, hmask, sub, db, mb):
+    """Weights of the 5- or 6-bit quants `v_hiq`, db being `v_nib_scale(d, i)`: d * q (mb None; Q5_0,
+    Q6_K) or (dl * q) + (-ml) (Q5_K, `_k1_scales`)."""
+    raise NotImplementedError("w_hi is for jitted code")
+
+
+@overload(w_hi, inline="always")
+def _w_hi(qs, base, i, qh, hidx, hpre, hbit, hmask, sub, db, mb):
+    if isinstance(mb, types.NoneType):
+        return lambda qs, base, i, qh, hidx, hpre, hbit, hmask, sub, db, mb: v_mul(
+            db, v_hiq(qs, base, i, qh, hidx, hpre, hbit, hmask, sub))
+    return lambda qs, base, i, qh, hidx, hpre, hbit, hmask, sub, db, mb: v_dq_add(
+        db, v_hiq(qs, base, i, qh, hidx, hpre, hbit, hmask, sub), mb)
+
+
+@njit(cache=True, inline="always")
+def hi_group(qs, base, qh, hidx, hpre, hstep, hmask, sub, ds, mb, x, xi, a, wbuf, wi):
+    """`q_block` for 8 consecutive 5- or 6-bit quants (`w_hi`): nibble i of the words at qs[base:],
+    element i's high bits at bit hpre + hstep * i of the words at qh[hidx:], scales ds (`nib_scales`),
+    products with x[xi + i] or stored at wbuf[wi + 64 i:]. Written out, as `nib_block`, so that every
+    shift is a constant."""
+    a = acc(a, w_hi(qs, base, 0, qh, hidx, hpre, 0, hmask, sub, ds[0], mb), x, xi, wbuf, wi)
+    a = acc(a, w_hi(qs, base, 1, qh, hidx, hpre, hstep, hmask, sub, ds[1], mb), x, xi + 1, wbuf, wi + LANES)
+    a = acc(a, w_hi(qs, base, 2, qh, hidx, hpre, 2 * hstep, hmask, sub, ds[2], mb), x, xi + 2, wbuf, wi + 2 * LANES)
+    a = acc(a, w_hi(qs, base, 3, qh, hidx, hpre, 3 * hstep, hmask, sub, ds[3], mb), x, xi + 3, wbuf, wi + 3 * LANES)
+    a = acc(a, w_hi(qs, base, 4, qh, hidx, hpre, 4 * hstep, hmask, sub, ds[4], mb), x, xi + 4, wbuf, wi + 4 * LANES)
+    a = acc(a, w_hi(qs, base, 5, qh, hidx, hpre, 5 * hstep, hmask, sub, ds[5], mb), x, xi + 5, wbuf, wi + 5 * LANES)
+    a = acc(a, w_hi(qs, base, 6, qh, hidx, hpre, 6 * hstep, hmask, sub, ds[6], mb), x, xi + 6, wbuf, wi + 6 * LANES)
+    a = acc(a, w_hi(qs, base, 7, qh, hidx, hpre, 7 * hstep, hmask, sub, ds[7], mb), x, xi + 7, wbuf, wi + 7 * LANES)
+    return a
+
+
+@njit(cache=True, inline="always")
+def q5_block(qs, qh, pb, kb, db, mb, sub, x, r0, a, wbuf, woff):
+    """`q_block` for a block of 5-bit quants (Q5_0: sub 16, mb None; Q5_K: sub 0), its words at
+    qs[pb * 4 * 32:], the 5th bits (bit e: element e) at qh[pb * 32:]."""
+    ds = nib_scales(db)
+    for g in range(4):
+        k = kb + 8 * g
+        a = hi_group(qs, (pb * 4 + g) * HALF, qh, pb * HALF, 8 * g, 1, 1, sub, ds, mb, x, r0 + k, a, wbuf,
+                     woff + k * LANES)
     return a
 
 
@@ -396,16 +449,8 @@ def _q_block(w, p, b, x, r0, a, wbuf, woff):
     if kind == "Q5_0":
         def q5_0(w, p, b, x, r0, a, wbuf, woff):
             qs, d, qh = w[0], w[1], w[4]
-            nb = d.shape[1]
-            db = v32_load(d, (p * nb + b) * HALF)
-            hbase = (p * nb + b) * HALF
-            for g in range(4):
-                base = ((p * nb + b) * 4 + g) * HALF
-                kg = b * QBLOCK + 8 * g
-                for i in range(8):
-                    q = v_q5_m16(qs, base, 4 * i, qh, hbase, 8 * g + i)
-                    a = acc(a, v_mul(db, q), x, r0 + kg + i, wbuf, woff + (kg + i) * LANES)  # d * q
-            return a
+            pb = p * d.shape[1] + b
+            return q5_block(qs, qh, pb, b * QBLOCK, v32_load(d, pb * HALF), None, 16, x, r0, a, wbuf, woff)  # d * q
         return q5_0
 
     if kind == "Q4_K":
@@ -417,35 +462,23 @@ def _q_block(w, p, b, x, r0, a, wbuf, woff):
     if kind == "Q5_K":
         def q5_k(w, p, b, x, r0, a, wbuf, woff):
             qs, qh = w[0], w[4]
-            nb = qs.shape[1]
             dl, nml = _k1_scales(w, p, b)
-            hbase = (p * nb + b) * HALF
-            for g in range(4):
-                base = ((p * nb + b) * 4 + g) * HALF
-                kg = b * QBLOCK + 8 * g
-                for i in range(8):
-                    q = v_q5(qs, base, 4 * i, qh, hbase, 8 * g + i)
-                    a = acc(a, v_dq_add(dl, q, nml), x, r0 + kg + i, wbuf, woff + (kg + i) * LANES)  # (dl * q) - ml
-            return a
+            return q5_block(qs, qh, p * qs.shape[1] + b, b * QBLOCK, dl, nml, 0, x, r0, a, wbuf, woff)  # (dl * q) - ml
         return q5_k
 
     if kind == "Q6_K":
         def q6_k(w, p, b, x, r0, a, wbuf, woff):
             qs, d, sc, qh = w[0], w[1], w[3], w[4]
-            nb, ns = qs.shape[1], d.shape[1]
-            s = p * ns + b // 8
+            pb = p * qs.shape[1] + b
+            s = p * d.shape[1] + b // 8
             t = 2 * (b % 8)
             db = v32_load(d, s * HALF)
-            dl0 = v_mul(db, v_q8(sc, (s * 16 + t) * HALF))  # d * sc, elements 0..15 of the block
-            dl1 = v_mul(db, v_q8(sc, (s * 16 + t + 1) * HALF))  # 16..31
-            for g in range(4):
-                base = ((p * nb + b) * 4 + g) * HALF
-                hbase = ((p * nb + b) * 2 + g // 2) * HALF
-                dl = dl0 if g < 2 else dl1
-                kg = b * QBLOCK + 8 * g
-                for i in range(8):
-                    q = v_q6_m32(qs, base, 4 * i, qh, hbase, 2 * (8 * (g % 2) + i))
-                    a = acc(a, v_mul(dl, q), x, r0 + kg + i, wbuf, woff + (kg + i) * LANES)  # dl * q
+            for h in range(2):  # elements 16h..16h+15: d * sc, sc the int8 scale of the 16
+                ds = nib_scales(v_mul(db, v_q8(sc, (s * 16 + t + h) * HALF)))
+                for g in range(2 * h, 2 * h + 2):
+                    k = b * QBLOCK + 8 * g
+                    a = hi_group(qs, (pb * 4 + g) * HALF, qh, (pb * 2 + h) * HALF, 16 * (g % 2), 2, 3, 32, ds, None,
+                                 x, r0 + k, a, wbuf, woff + k * LANES)  # dl * q
             return a
         return q6_k
 
