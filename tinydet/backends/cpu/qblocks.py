@@ -348,7 +348,7 @@ def hi_group(qs, base, qh, hidx, hpre, hstep, hmask, sub, ds, mb, x, xi, a, wbuf
     element i's high bits at bit hpre + hstep * i of the words at qh[hidx:], scales ds (`nib_scales`),
     products with x[xi + i] or stored at wbuf[wi + 64 i:]. Written out, as `nib_block`, so that every
     shift is a constant; on AVX-512F (no in-place nibbles, every scale ds[0]) a loop, whose code ran
-    those types' decode in 0.96-0.98x the time of the written-out one."""
+    those types' decode in 0.96-1.00x the time of the written-out one."""
     raise NotImplementedError("hi_group is for jitted code")
 
 
