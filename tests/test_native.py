@@ -384,9 +384,10 @@ def test_errors():
 def test_generic_x86_64_target_gives_the_same_bits(tmp_path):
     """Compiled for a generic x86-64 (the vectors split into SSE registers; no F16C, FMA or AVX-512:
     integer fp16 widening, unfused multiply-adds, nibbles masked in place rather than looked up), the
-    same bits: Q4_1, Q5_0 and Q5_K (the 5th bits; Q5_K's 6-bit sub-block scales and mins), Q6_K (the
-    2 high bits, int8 scales)."""
-    cases = [("Q4_1", 100, 160), ("Q5_0", 40, 96), ("Q5_K", 70, 512), ("Q6_K", 40, 256)]
+    same bits: Q4_1, Q5_K (the 5th bits, the 6-bit sub-block scales and mins) and Q6_K (the 2 high
+    bits, int8 scales, no mins). Q5_0 runs Q5_K's 5-bit blocks with Q6_K's scale-only weights; each
+    type is a compile of the whole product (about a minute of CI), so it is left to the host build."""
+    cases = [("Q4_1", 100, 160), ("Q5_K", 70, 512), ("Q6_K", 40, 256)]
     script = tmp_path / "gen.py"
     script.write_text(
         "import sys, numpy as np, tinydet\n"
