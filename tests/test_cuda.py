@@ -1,7 +1,8 @@
 """The GPU backend (tinydet/backends/cupy), checked on a machine without a GPU.
 
 1. Its kernels' arithmetic: kernels.cu built by the host's C++ compiler into the serial emulator
-   (`--device cuda-host`) must give the CPU backend's bits: the matrix product and the embedding for
+   (`--device cuda-host`; TINYDET_TEST_DEVICE=cuda runs this section on a real GPU instead, as
+   tools/gpu_check.sh does) must give the CPU backend's bits: the matrix product and the embedding for
    every storage type (special and non-finite scales included), and whole models: every architecture's
    tiny checkpoint, fp32/fp16/native, whole and chunked prefill, decode, batches, traces, the golden
    hashes of stories260K, and `verify`.
@@ -15,6 +16,7 @@ What only a GPU can check (NVRTC's code running there, speed) is tools/gpu_check
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import types
@@ -27,6 +29,7 @@ import tinydet
 from contract import bits
 from test_native import NATIVE, random_blocks
 from test_native_model import PLANS, requantized
+from tinydet.backends import open_device
 from tinydet.backends.cpu import layout
 from tinydet.backends.cpu.loaders import embed as cpu_embed
 from tinydet.backends.cpu.matmul import matmul as cpu_matmul
@@ -40,11 +43,12 @@ from tinydet.tools.golden import check_golden, model_loader, read_golden
 from tinydet.tools.trace import diff_traces, run_trace, write_trace
 
 PROMPT = "Once upon a time, there was a little girl named Lily. She loved to play"
+DEVICE = os.environ.get("TINYDET_TEST_DEVICE", "cuda-host")  # the device section 1 runs on
 
 
 @pytest.fixture(scope="module")
 def dev():
-    return HostDevice()
+    return open_device(DEVICE)
 
 
 def same(got, want, what=""):
@@ -125,7 +129,7 @@ def test_embed_every_storage_type(dev, name):
 
 
 def cpu_and_gpu(path, dtype):
-    return tinydet.load(path, dtype=dtype, threads=2), tinydet.load(path, dtype=dtype, device="cuda-host")
+    return tinydet.load(path, dtype=dtype, threads=2), tinydet.load(path, dtype=dtype, device=DEVICE)
 
 
 def check_same_logits(cpu, gpu, ids, chunks=(1, 5)):
@@ -160,7 +164,7 @@ def test_stories_golden_hashes(stories_path):
     """tests/golden/stories260k.json (the first case pinned to llama2.c's published text) on the
     emulated GPU, every fp32 case again with native storage."""
     golden = read_golden(__import__("pathlib").Path(__file__).parent / "golden" / "stories260k.json")
-    assert check_golden(model_loader(stories_path, device="cuda-host"), golden, tinydet.hashing.file_sha256(stories_path)) == []
+    assert check_golden(model_loader(stories_path, device=DEVICE), golden, tinydet.hashing.file_sha256(stories_path)) == []
 
 
 @pytest.mark.parametrize("plan", ["Q4_1 + Q8_0 table + F16 output", "Q5_0", "mixed per layer", "mixed runs in qkv", "F16"])
@@ -266,7 +270,7 @@ def test_trace_equals_cpu_trace(stories_path, tmp_path):
         write_trace(p, m, ids, run_trace(m, ids, 4), {"chunk": 4})
         paths.append(p)
     d = diff_traces(*paths)
-    assert d["identical"] and d["n_compared"] > 100 and d["header_differences"]["backend"] == ("cpu-numba", "cuda-host")
+    assert d["identical"] and d["n_compared"] > 100 and d["header_differences"]["backend"] == ("cpu-numba", gpu.backend.name)
 
     def fault(layer, op, pos, slots, rows):
         if layer == 2 and op == "attn_norm":
@@ -282,7 +286,7 @@ def test_trace_equals_cpu_trace(stories_path, tmp_path):
 
 
 def test_verify_on_the_emulated_gpu(stories_path):
-    r = CliRunner().invoke(main, ["verify", "--model", str(stories_path), "--device", "cuda-host", "--dtype", "fp32",
+    r = CliRunner().invoke(main, ["verify", "--model", str(stories_path), "--device", DEVICE, "--dtype", "fp32",
                                   "--dtype", "fp16", "--new-tokens", "8", "--json"])
     assert r.exit_code == 0, r.output
     import json
@@ -293,7 +297,7 @@ def test_verify_on_the_emulated_gpu(stories_path):
 
 def test_emulated_generate_cli(stories_path):
     args = ["generate", "Once upon a time", "--model", str(stories_path), "--max-tokens", "24", "--json"]
-    a, b = (CliRunner().invoke(main, args + extra) for extra in ([], ["--device", "cuda-host"]))
+    a, b = (CliRunner().invoke(main, args + extra) for extra in ([], ["--device", DEVICE]))
     assert a.exit_code == b.exit_code == 0, a.output + b.output
     import json
 
@@ -304,7 +308,7 @@ def test_emulated_generate_cli(stories_path):
 # ---------------------------------------------------------------------------------------------------
 # 2. NVRTC's PTX.
 
-ARCHS = ("compute_80", "compute_90")  # A100, H100/H200
+ARCHS = ("compute_80", "compute_90", "sm_90")  # A100, H100/H200 (PTX for the driver), H100/H200 (machine code)
 
 
 def ptx(code: str, arch: str, options=D.NVRTC_OPTIONS) -> str:
@@ -380,18 +384,26 @@ class FakeCupy:
 
 
 def test_the_gpu_loads_the_linted_ptx(monkeypatch, tmp_path):
-    """CudaDevice hands CuPy the PTX that compile_ptx builds for the GPU's architecture (never CuPy's own
-    compile, which adds -ftz=true), cached as a file, with every kernel in it."""
+    """CudaDevice hands CuPy the machine code that NVRTC made for the GPU's own architecture from the PTX
+    that the lint passes (never CuPy's own compile, which adds -ftz=true), both cached as files, with
+    every kernel in it; a GPU newer than NVRTC knows gets that PTX for the driver to compile."""
     pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (test extra) compiles the kernels to PTX")
     fake = FakeCupy()
     monkeypatch.setitem(sys.modules, "cupy", fake)
     monkeypatch.setenv("TINYDET_CACHE_DIR", str(tmp_path))
     dev = D.CudaDevice(0)
-    assert dev.name == "cuda:0 (Fake GPU)" and set(fake.module_args) == {"path"}
-    text = open(fake.module_args["path"]).read()
-    assert text == D.compile_ptx(D.source(), "compute_90") and lint(text) == []
-    assert ".target sm_90" in text and set(dev._fns) == set(D.signatures())
-    assert D.nvrtc_arch(90) == "compute_90" and D.nvrtc_arch(91) == "compute_90" and D.nvrtc_arch(86) == "compute_86"
+    assert dev.name == "cuda:0 (Fake GPU)" and set(fake.module_args) == {"path"} and dev.arch == "sm_90"
+    ptx_text, cubin = D.nvrtc_build(D.source(), "sm_90")
+    assert open(fake.module_args["path"], "rb").read() == cubin and cubin[:4] == b"\x7fELF"
+    assert dev.ptx.read_text() == ptx_text and lint(ptx_text) == [] and ".target sm_90" in ptx_text
+    assert set(re.findall(r"\.entry (\w+)\(", ptx_text)) == set(dev._fns) == set(D.signatures())
+    _, supported = __import__("cuda.bindings.nvrtc").bindings.nvrtc.nvrtcGetSupportedArchs()
+    newer = max(supported) + 1
+    fake.cuda.Device.compute_capability = str(newer)
+    dev = D.CudaDevice(0)
+    assert dev.arch == f"compute_{max(supported)}" and fake.module_args["path"] == str(dev.ptx)
+    assert lint(dev.ptx.read_text()) == []
+    assert D.nvrtc_arch(90) == "sm_90" and D.nvrtc_arch(86) == "sm_86" and D.nvrtc_arch(91) == "compute_90"
     with pytest.raises(TinydetError, match="NVRTC cannot build for compute capability 2.0"):
         D.nvrtc_arch(20)
     monkeypatch.setitem(sys.modules, "cuda.bindings", None)

@@ -2,10 +2,12 @@
 `HostDevice`, the same source built by the host's C++ compiler into a serial emulator that runs each
 launch's threads one after another on the CPU.
 
-For the GPU, `compile_ptx` builds the source with NVRTC (through cuda-bindings) into PTX, and CuPy loads
-that PTX: CuPy's own compile path (RawModule from source) appends -ftz=true to every build, which
-would flush subnormals to zero, so it is not used. The PTX that runs is what `compile_ptx` returns for
-the GPU's architecture, and that function's output is what tests/test_cuda.py lints.
+For the GPU, `nvrtc_build` builds the source with NVRTC (through cuda-bindings) for the GPU's own
+architecture (sm_90 on an H100/H200) into PTX and, from that PTX, machine code (a cubin), and CuPy loads
+the cubin: CuPy's own compile path (RawModule from source) appends -ftz=true to every build, which
+would flush subnormals to zero, so it is not used; and a driver older than NVRTC refuses NVRTC's PTX
+(CUDA's minor-version compatibility covers machine code, not PTX), so PTX is loaded only for a GPU
+newer than NVRTC knows. The PTX of that build is what tests/test_cuda.py lints.
 
 The emulator exists so that a machine without a GPU can check the kernels' arithmetic: the kernels use
 no shared memory, no synchronisation and no warp operations, and no thread reads what another thread
@@ -64,18 +66,20 @@ def _nvrtc():
 
 
 def nvrtc_arch(cc: int) -> str:
-    """The -arch for a GPU of compute capability `cc` (90 for sm_90): its own, or the newest NVRTC knows
-    below it (PTX runs on later GPUs through the driver's compiler)."""
+    """The -arch for a GPU of compute capability `cc` (90 for sm_90): its own (machine code), or, for a
+    GPU newer than NVRTC knows, the newest virtual architecture below it (PTX, which the driver then
+    compiles for the GPU)."""
     nvrtc = _nvrtc()
     err, archs = nvrtc.nvrtcGetSupportedArchs()
     fit = [a for a in archs if a <= cc] if err == nvrtc.nvrtcResult.NVRTC_SUCCESS else []
     if not fit:
         raise TinydetError(f"device cuda: NVRTC cannot build for compute capability {cc / 10:.1f}")
-    return f"compute_{max(fit)}"
+    return f"sm_{cc}" if cc in fit else f"compute_{max(fit)}"
 
 
-def compile_ptx(code: str, arch: str, options: tuple = NVRTC_OPTIONS) -> str:
-    """`code` built by NVRTC for `arch` ("compute_90") with `options`: the PTX text."""
+def nvrtc_build(code: str, arch: str, options: tuple = NVRTC_OPTIONS) -> tuple[str, bytes | None]:
+    """`code` built by NVRTC for `arch` with `options`: the PTX text and, for a real architecture
+    ("sm_90"), the machine code ptxas made of that PTX (None for a virtual one, "compute_90")."""
     nvrtc = _nvrtc()
     ok = nvrtc.nvrtcResult.NVRTC_SUCCESS
     err, prog = nvrtc.nvrtcCreateProgram(code.encode(), SOURCE_PATH.name.encode(), 0, [], [])
@@ -91,11 +95,21 @@ def compile_ptx(code: str, arch: str, options: tuple = NVRTC_OPTIONS) -> str:
             raise TinydetError(f"NVRTC could not build {SOURCE_PATH.name} for {arch}:\n"
                                f"{log.decode(errors='replace').strip()[-4000:]}")
         _, n = nvrtc.nvrtcGetPTXSize(prog)
-        buf = b" " * n
-        nvrtc.nvrtcGetPTX(prog, buf)
+        ptx = b" " * n
+        nvrtc.nvrtcGetPTX(prog, ptx)
+        cubin = None
+        if arch.startswith("sm_"):
+            _, n = nvrtc.nvrtcGetCUBINSize(prog)
+            cubin = b" " * n
+            nvrtc.nvrtcGetCUBIN(prog, cubin)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
-    return buf.decode().rstrip("\0")
+    return ptx.decode().rstrip("\0"), cubin
+
+
+def compile_ptx(code: str, arch: str, options: tuple = NVRTC_OPTIONS) -> str:
+    """`code` built by NVRTC for `arch` ("compute_90" or "sm_90") with `options`: the PTX text."""
+    return nvrtc_build(code, arch, options)[0]
 
 
 def _cached(name: str, key: str, make) -> Path:
@@ -247,7 +261,7 @@ def _host_library() -> ctypes.CDLL:
 
 
 class CudaDevice:
-    """An NVIDIA GPU through CuPy: kernels.cu built by `compile_ptx` for the GPU's architecture when it is
+    """An NVIDIA GPU through CuPy: kernels.cu built by `nvrtc_build` for the GPU's architecture when it is
     opened (cached), loaded by CuPy. Every operation runs on one stream of its own (`context`), in the
     order issued."""
 
@@ -268,18 +282,32 @@ class CudaDevice:
         self.xp = cupy
         self.index = index
         self._dev = cupy.cuda.Device(index)
-        arch = nvrtc_arch(int(self._dev.compute_capability))
+        self.arch = arch = nvrtc_arch(int(self._dev.compute_capability))
         _, major, minor = _nvrtc().nvrtcVersion()
         key = hashlib.sha256("\0".join((source(), arch, f"{major}.{minor}", *NVRTC_OPTIONS)).encode()).hexdigest()[:16]
-        ptx = _cached("cuda/kernels-{key}.ptx", key, lambda out: out.write_text(compile_ptx(source(), arch)))
+        built = {}
+
+        def write(out: Path, kind: str) -> None:
+            if not built:
+                built["ptx"], built["cubin"] = nvrtc_build(source(), arch)
+            if kind == "ptx":
+                out.write_text(built["ptx"])
+            else:
+                out.write_bytes(built["cubin"])
+
+        # the PTX is kept beside the machine code that ptxas made of it, to read and lint
+        self.ptx = _cached("cuda/kernels-{key}.ptx", key, lambda out: write(out, "ptx"))
+        binary = self.ptx
+        if arch.startswith("sm_"):
+            binary = _cached("cuda/kernels-{key}.cubin", key, lambda out: write(out, "cubin"))
         with self._dev:
             try:
-                module = cupy.RawModule(path=str(ptx))  # the driver compiles the PTX for this GPU
+                module = cupy.RawModule(path=str(binary))
                 # every kernel resolved now: the module loads here, not inside a CUDA graph's capture
                 self._fns = {name: module.get_function(name) for name in signatures()}
                 self.stream = cupy.cuda.Stream(non_blocking=True)  # as CuPy advises for graph capture
             except Exception as e:
-                raise TinydetError(f"device cuda: loading {ptx.name} failed: {_first_line(e)}") from None
+                raise TinydetError(f"device cuda: loading {binary.name} failed: {_first_line(e)}") from None
         self.name = f"cuda:{index} ({cupy.cuda.runtime.getDeviceProperties(index)['name'].decode()})"
 
     @contextlib.contextmanager
