@@ -3,26 +3,36 @@
 # bits, and how fast is it? One run of a few minutes:
 #   tools/gpu_check.sh MODEL.gguf [MODEL.gguf ...]
 # with stories260K.gguf and, where it can be brought, SmolLM2-135M-Instruct.Q4_1.gguf (each model's
-# golden file, tests/golden/*.json, is found by its SHA-256). Per model:
-#   1. the golden hashes with --device cuda (every case, the fp32 ones again with native storage), with
-#      CUDA graphs (the default) and without (TINYDET_CUDA_GRAPHS=0);
-#   2. tinydet bench --device cuda for each dtype (prefill and decode tok/s);
-#   3. tinydet verify --device cuda: threads, chunked prefill, recompute, batches, and the CPU backend's
-#      run as one more cell, for fp32, fp16 and native; and the CPU's fp32 bench beside the GPU's;
-# then tests/test_cuda.py's GPU tests where pytest and the test extra are installed. Writes everything
-# to $OUT (or /tmp/gpu-check) and ends with PASSED or FAILED (exit 1). DEVICE=cuda-host runs the same
-# steps on the kernels' emulator, to check this script on a machine without a GPU (slowly).
+# golden file, tests/golden/*.json, is found by its SHA-256). In four phases ($PHASES, default all):
+#   gpu:   per model, the golden hashes with --device cuda (every case, the fp32 ones again with native
+#          storage), with CUDA graphs (the default) and without (TINYDET_CUDA_GRAPHS=0); then
+#          tinydet bench --device cuda for each dtype (prefill and decode tok/s);
+#   cpu:   per model, the golden hashes on this machine's CPU (started in the background at once: they
+#          compile numba's kernels, minutes on a cold cache, while the GPU phase runs), tinydet verify
+#          --device cuda (threads, chunked prefill, recompute, batches, and the CPU backend's run as one
+#          more cell, for fp32, fp16 and native) and the CPU's fp32 bench beside the GPU's;
+#   tests: tests/test_cuda.py with TINYDET_TEST_DEVICE=cuda: the kernels of every storage type, every
+#          architecture's tiny checkpoint, traces and verify, each against the CPU backend's bits, on
+#          the GPU instead of the emulator (in parallel where pytest-xdist is installed); needs pytest
+#          and the gguf package;
+#   serve: tinydet serve on stories260K on the GPU and on the CPU, one /v1/completions request with
+#          logprobs to each: the same text and logprobs (needs the serve extra and curl).
+# Writes everything to $OUT (or /tmp/gpu-check) as it goes, and ends with PASSED or FAILED (exit 1).
+# DEVICE=cuda-host runs the same steps on the kernels' emulator, to check this script on a machine
+# without a GPU (slowly).
 #
 # Runs from the repository with PYTHONPATH, no install: python3 needs numpy, numba, safetensors,
-# tokenizers, click, jinja2 and CuPy (cupy-cuda12x or cupy-cuda13x, matching the driver). A model file
-# larger than what can be copied to the machine in one go can be given as its pieces (split -b 60M),
-# in order: they are joined into /tmp first (MODEL.gguf.part-aa MODEL.gguf.part-ab ... -> MODEL.gguf).
+# tokenizers, click, jinja2 and CuPy (cupy-cuda12x or cupy-cuda13x, matching the driver) with
+# cuda-bindings and NVRTC. A model file larger than what can be copied to the machine in one go can be
+# given as its pieces (split -b 50M), in order: they are joined into /tmp first (MODEL.gguf.part-aa
+# MODEL.gguf.part-ab ... -> MODEL.gguf).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/gpu-check}
 mkdir -p "$out"
-log=$out/gpu_check.log
+log=$out/gpu_check.log  # everything goes here (the only file written to $out)
+work=$(mktemp -d)
 failed=0
 device=${DEVICE:-cuda}
 
@@ -34,14 +44,21 @@ run() {
         echo "FAIL (exit $rc): $*" | tee -a "$log"
         failed=1
     fi
+    return "$rc"
 }
 
+phases=${PHASES:-gpu cpu tests serve}
+has() { [[ " $phases " == *" $1 "* ]]; }
+
 if [ "$device" != cuda-host ]; then
-    run python3 -c "import cupy, numba, numpy; p = cupy.cuda.runtime.getDeviceProperties(0); \
-print('GPU', p['name'].decode(), 'driver', cupy.cuda.runtime.driverGetVersion(), 'cupy', cupy.__version__, \
-'numba', numba.__version__, 'numpy', numpy.__version__)"
+    run python3 -c "import cupy, numba, numpy; from cuda.bindings import nvrtc; \
+from tinydet.backends.cupy.device import CudaDevice; p = cupy.cuda.runtime.getDeviceProperties(0); \
+d = CudaDevice(0); print('GPU', p['name'].decode(), 'driver', cupy.cuda.runtime.driverGetVersion(), \
+'runtime', cupy.cuda.runtime.runtimeGetVersion(), 'NVRTC', nvrtc.nvrtcVersion()[1:], 'arch', d.arch, \
+'cupy', cupy.__version__, 'numba', numba.__version__, 'numpy', numpy.__version__)"
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 | tee -a "$log"
 fi
+lscpu 2>/dev/null | grep -E "^Model name|^CPU\(s\)" | tee -a "$log"
 
 models=()
 for m in "$@"; do
@@ -55,36 +72,110 @@ for m in "$@"; do
     esac
 done
 
-# The GPU's own results first (they compile little on the CPU), then verify and the CPU's bench, which
-# compile the CPU kernels (minutes on a cold numba cache): a run cut short still has the first part.
+golden_of() {  # the golden file whose model has the SHA-256 of $1
+    local sha
+    sha=$(sha256sum "$1" | cut -d' ' -f1)
+    grep -l "\"$sha\"" tests/golden/*.json | head -n 1
+}
+
+# The CPU's golden checks compile numba's kernels (minutes on a cold cache): started first, in the
+# background, so that the GPU's own results, which compile little on the CPU, run meanwhile.
+cpu_jobs=()
+if has cpu; then
+    for m in "${models[@]}"; do
+        golden=$(golden_of "$m")
+        [ -n "$golden" ] || continue
+        name=$(basename "$m" .gguf)
+        # four threads each: the GPU phase's host side keeps cores of its own
+        python3 -m tinydet golden "$m" --check "$golden" --threads 4 > "$work/cpu-golden-$name.log" 2>&1 &
+        cpu_jobs+=("$!:$name")
+    done
+fi
+
 for m in "${models[@]}"; do
-    sha=$(sha256sum "$m" | cut -d' ' -f1)
-    golden=$(grep -l "\"$sha\"" tests/golden/*.json | head -n 1)
+    golden=$(golden_of "$m")
     if [ -z "$golden" ]; then
-        echo "FAIL: no golden file for $m (SHA-256 $sha)" | tee -a "$log"
+        echo "FAIL: no golden file for $m" | tee -a "$log"
         failed=1
         continue
     fi
-    run python3 -m tinydet golden "$m" --check "$golden" --device "$device"
-    run env TINYDET_CUDA_GRAPHS=0 python3 -m tinydet golden "$m" --check "$golden" --device "$device"
+    has gpu || continue
     name=$(basename "$m" .gguf)
-    for dtype in fp32 fp16 native; do
+    if ! run python3 -m tinydet golden "$m" --check "$golden" --device "$device"; then
+        # where the GPU parts from the CPU: the first op, layer and position, per dtype
+        for dtype in fp32 fp16 native; do
+            for d in cpu "$device"; do
+                python3 -m tinydet trace --model "$m" --prompt "Once upon a time" --dtype "$dtype" --no-values \
+                    --device "$d" --out "$work/trace-$name-$dtype-$d.jsonl" >> "$log" 2>&1
+            done
+            run python3 -m tinydet diff "$work/trace-$name-$dtype-cpu.jsonl" "$work/trace-$name-$dtype-$device.jsonl"
+        done
+    fi
+    run env TINYDET_CUDA_GRAPHS=0 python3 -m tinydet golden "$m" --check "$golden" --device "$device"
+    for dtype in fp32 fp16 native; do  # one JSON line each in the log
         run python3 -m tinydet bench "$m" --device "$device" --dtype "$dtype" --prompt-tokens 128 --new-tokens 64 \
             --repeats 3 --json
-        tail -n 1 "$log" > "$out/bench-$name-$device-$dtype.json"
     done
 done
-for m in "${models[@]}"; do
-    run python3 -m tinydet verify --model "$m" --device "$device" --new-tokens 16
-    name=$(basename "$m" .gguf)
-    run python3 -m tinydet bench "$m" --dtype fp32 --prompt-tokens 128 --new-tokens 64 --repeats 3 --json
-    tail -n 1 "$log" > "$out/bench-$name-cpu-fp32.json"
-done
 
-if python3 -c "import pytest, gguf" 2>/dev/null; then
-    run python3 -m pytest -q -rs tests/test_cuda.py -k "real_gpu or ptx"
-else
-    echo "(pytest or gguf missing: tests/test_cuda.py not run)" | tee -a "$log"
+if has cpu; then
+    for job in "${cpu_jobs[@]}"; do
+        wait "${job%%:*}"
+        rc=$?
+        echo "+ (background) tinydet golden ${job#*:} --check on this machine's CPU: exit $rc" | tee -a "$log"
+        tee -a "$log" < "$work/cpu-golden-${job#*:}.log"
+        [ "$rc" -eq 0 ] || failed=1
+    done
+    for m in "${models[@]}"; do
+        run python3 -m tinydet verify --model "$m" --device "$device" --new-tokens 16
+        run python3 -m tinydet bench "$m" --dtype fp32 --prompt-tokens 128 --new-tokens 64 --repeats 3 --json
+    done
+fi
+
+if has tests; then
+    if python3 -c "import pytest, gguf" 2>/dev/null; then
+        stories=""
+        for m in "${models[@]}"; do [ "$(basename "$m")" = stories260K.gguf ] && stories=$(dirname "$m"); done
+        workers=()
+        python3 -c "import xdist" 2>/dev/null && workers=(-n "${TEST_WORKERS:-8}")
+        run env TINYDET_TEST_DEVICE="$device" ${stories:+TINYDET_SHARED_MODELS=$stories} \
+            python3 -m pytest -q -rs -p no:cacheprovider "${workers[@]}" tests/test_cuda.py
+    else
+        echo "(pytest or gguf missing: tests/test_cuda.py not run)" | tee -a "$log"
+    fi
+fi
+
+# tinydet serve on the GPU and on the CPU, the same request to each: the same text and logprobs
+if has serve; then
+    stories=""
+    for m in "${models[@]}"; do [ "$(basename "$m")" = stories260K.gguf ] && stories=$m; done
+    if [ -z "$stories" ] || ! python3 -c "import starlette, uvicorn, pydantic" 2>/dev/null; then
+        echo "(stories260K or the serve extra missing: serve not checked)" | tee -a "$log"
+    else
+        pids=()
+        for port in 8101 8102; do
+            d=cpu; [ "$port" = 8102 ] && d=$device
+            python3 -m tinydet serve --model "$stories" --device "$d" --port "$port" --threads 4 \
+                --served-model-name stories > "$work/serve-$port.log" 2>&1 &
+            pids+=("$!")
+        done
+        body='{"model": "stories", "prompt": "Once upon a time", "max_tokens": 24, "logprobs": 3, "temperature": 0}'
+        for port in 8101 8102; do
+            for _ in $(seq 240); do
+                curl -sf "localhost:$port/health" > /dev/null && break
+                sleep 0.5
+            done
+            curl -s "localhost:$port/health" | tee -a "$log"
+            echo | tee -a "$log"
+            curl -s "localhost:$port/v1/completions" -H "Content-Type: application/json" -d "$body" \
+                > "$work/answer-$port.json"
+        done
+        run python3 -c "import json, sys; a, b = (json.load(open(f))['choices'] for f in sys.argv[1:]); \
+print('serve, CPU and GPU:', json.dumps(a[0]['text']), 'same text and logprobs:', a == b); sys.exit(a != b)" \
+            "$work/answer-8101.json" "$work/answer-8102.json"
+        kill "${pids[@]}" 2>/dev/null
+        wait "${pids[@]}" 2>/dev/null
+    fi
 fi
 
 if [ "$failed" -eq 0 ]; then echo "PASSED" | tee -a "$log"; else echo "FAILED" | tee -a "$log"; exit 1; fi
