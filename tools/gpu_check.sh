@@ -71,6 +71,16 @@ for m in "$@"; do
         *) models+=("$m") ;;
     esac
 done
+if [ "${#models[@]}" -eq 0 ]; then
+    echo "usage: tools/gpu_check.sh MODEL.gguf [MODEL.gguf ...]" | tee -a "$log"
+    exit 2
+fi
+for m in "${models[@]}"; do
+    if [ ! -s "$m" ]; then
+        echo "FAILED: no model file $m" | tee -a "$log"
+        exit 1
+    fi
+done
 
 golden_of() {  # the golden file whose model has the SHA-256 of $1
     local sha
