@@ -162,7 +162,7 @@ def test_stories_logits_generate_and_batch(stories_path, dtype):
 
 def test_stories_golden_hashes(stories_path):
     """tests/golden/stories260k.json (the first case pinned to llama2.c's published text) on the
-    emulated GPU, every fp32 case again with native storage."""
+    emulated GPU (or DEVICE), every fp32 case again with native storage."""
     golden = read_golden(__import__("pathlib").Path(__file__).parent / "golden" / "stories260k.json")
     assert check_golden(model_loader(stories_path, device=DEVICE), golden, tinydet.hashing.file_sha256(stories_path)) == []
 
@@ -397,7 +397,7 @@ def test_the_gpu_loads_the_linted_ptx(monkeypatch, tmp_path):
     assert open(fake.module_args["path"], "rb").read() == cubin and cubin[:4] == b"\x7fELF"
     assert dev.ptx.read_text() == ptx_text and lint(ptx_text) == [] and ".target sm_90" in ptx_text
     assert set(re.findall(r"\.entry (\w+)\(", ptx_text)) == set(dev._fns) == set(D.signatures())
-    _, supported = __import__("cuda.bindings.nvrtc").bindings.nvrtc.nvrtcGetSupportedArchs()
+    _, supported = D._nvrtc().nvrtcGetSupportedArchs()
     newer = max(supported) + 1
     fake.cuda.Device.compute_capability = str(newer)
     dev = D.CudaDevice(0)
