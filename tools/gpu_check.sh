@@ -32,7 +32,8 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/gpu-check}
 mkdir -p "$out"
 log=$out/gpu_check.log  # everything goes here (the only file written to $out)
-work=$(mktemp -d)
+work=$(mktemp -d)  # traces, background logs, answers: read into the log, then removed
+trap 'rm -rf "$work"' EXIT
 failed=0
 device=${DEVICE:-cuda}
 
@@ -82,36 +83,36 @@ for m in "${models[@]}"; do
     fi
 done
 
-golden_of() {  # the golden file whose model has the SHA-256 of $1
-    local sha
-    sha=$(sha256sum "$1" | cut -d' ' -f1)
-    grep -l "\"$sha\"" tests/golden/*.json | head -n 1
-}
+declare -A golden  # each model's golden file, found by the model's SHA-256 (empty: none)
+stories=""  # stories260K, for the tests and serve phases
+for m in "${models[@]}"; do
+    sha=$(sha256sum "$m" | cut -d' ' -f1)
+    golden[$m]=$(grep -l "\"$sha\"" tests/golden/*.json | head -n 1)
+    [ "$(basename "$m")" = stories260K.gguf ] && stories=$m
+done
 
 # The CPU's golden checks compile numba's kernels (minutes on a cold cache): started first, in the
 # background, so that the GPU's own results, which compile little on the CPU, run meanwhile.
 cpu_jobs=()
 if has cpu; then
     for m in "${models[@]}"; do
-        golden=$(golden_of "$m")
-        [ -n "$golden" ] || continue
+        [ -n "${golden[$m]}" ] || continue
         name=$(basename "$m" .gguf)
         # four threads each: the GPU phase's host side keeps cores of its own
-        python3 -m tinydet golden "$m" --check "$golden" --threads 4 > "$work/cpu-golden-$name.log" 2>&1 &
+        python3 -m tinydet golden "$m" --check "${golden[$m]}" --threads 4 > "$work/cpu-golden-$name.log" 2>&1 &
         cpu_jobs+=("$!:$name")
     done
 fi
 
 for m in "${models[@]}"; do
-    golden=$(golden_of "$m")
-    if [ -z "$golden" ]; then
+    if [ -z "${golden[$m]}" ]; then
         echo "FAIL: no golden file for $m" | tee -a "$log"
         failed=1
         continue
     fi
     has gpu || continue
     name=$(basename "$m" .gguf)
-    if ! run python3 -m tinydet golden "$m" --check "$golden" --device "$device"; then
+    if ! run python3 -m tinydet golden "$m" --check "${golden[$m]}" --device "$device"; then
         # where the GPU parts from the CPU: the first op, layer and position, per dtype
         for dtype in fp32 fp16 native; do
             for d in cpu "$device"; do
@@ -121,7 +122,7 @@ for m in "${models[@]}"; do
             run python3 -m tinydet diff "$work/trace-$name-$dtype-cpu.jsonl" "$work/trace-$name-$dtype-$device.jsonl"
         done
     fi
-    run env TINYDET_CUDA_GRAPHS=0 python3 -m tinydet golden "$m" --check "$golden" --device "$device"
+    run env TINYDET_CUDA_GRAPHS=0 python3 -m tinydet golden "$m" --check "${golden[$m]}" --device "$device"
     for dtype in fp32 fp16 native; do  # one JSON line each in the log
         run python3 -m tinydet bench "$m" --device "$device" --dtype "$dtype" --prompt-tokens 128 --new-tokens 64 \
             --repeats 3 --json
@@ -144,11 +145,9 @@ fi
 
 if has tests; then
     if python3 -c "import pytest, gguf" 2>/dev/null; then
-        stories=""
-        for m in "${models[@]}"; do [ "$(basename "$m")" = stories260K.gguf ] && stories=$(dirname "$m"); done
         workers=()
         python3 -c "import xdist" 2>/dev/null && workers=(-n "${TEST_WORKERS:-8}")
-        run env TINYDET_TEST_DEVICE="$device" ${stories:+TINYDET_SHARED_MODELS=$stories} \
+        run env TINYDET_TEST_DEVICE="$device" ${stories:+TINYDET_SHARED_MODELS=$(dirname "$stories")} \
             python3 -m pytest -q -rs -p no:cacheprovider "${workers[@]}" tests/test_cuda.py
     else
         echo "(pytest or gguf missing: tests/test_cuda.py not run)" | tee -a "$log"
@@ -157,14 +156,12 @@ fi
 
 # tinydet serve on the GPU and on the CPU, the same request to each: the same text and logprobs
 if has serve; then
-    stories=""
-    for m in "${models[@]}"; do [ "$(basename "$m")" = stories260K.gguf ] && stories=$m; done
     if [ -z "$stories" ] || ! python3 -c "import starlette, uvicorn, pydantic" 2>/dev/null; then
         echo "(stories260K or the serve extra missing: serve not checked)" | tee -a "$log"
     else
         pids=()
-        for port in 8101 8102; do
-            d=cpu; [ "$port" = 8102 ] && d=$device
+        for port_device in 8101:cpu "8102:$device"; do
+            port=${port_device%%:*} d=${port_device#*:}
             python3 -m tinydet serve --model "$stories" --device "$d" --port "$port" --threads 4 \
                 --served-model-name stories > "$work/serve-$port.log" 2>&1 &
             pids+=("$!")
