@@ -313,7 +313,7 @@ ARCHS = ("compute_80", "compute_90", "sm_90")  # A100, H100/H200 (PTX for the dr
 
 def ptx(code: str, arch: str, options=D.NVRTC_OPTIONS) -> str:
     pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (test extra) compiles the kernels to PTX")
-    return D.compile_ptx(code, arch, options)
+    return D.nvrtc_build(code, arch, options)[0]
 
 
 def lint(text: str) -> list[str]:

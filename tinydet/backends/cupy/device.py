@@ -107,11 +107,6 @@ def nvrtc_build(code: str, arch: str, options: tuple = NVRTC_OPTIONS) -> tuple[s
     return ptx.decode().rstrip("\0"), cubin
 
 
-def compile_ptx(code: str, arch: str, options: tuple = NVRTC_OPTIONS) -> str:
-    """`code` built by NVRTC for `arch` ("compute_90" or "sm_90") with `options`: the PTX text."""
-    return nvrtc_build(code, arch, options)[0]
-
-
 def _cached(name: str, key: str, make) -> Path:
     """A file under the cache (`name` with `key` in it) made once by make(tmp_path), renamed into place
     whole, so that a concurrent or interrupted build never leaves half a file under the final name."""
