@@ -560,6 +560,65 @@ def test_metrics_names(stories_server):
     assert metric(url, "tinydet_kv_slots_total") == 4
 
 
+def test_requests_outlasting_the_shutdown_grace_end_with_a_503(stories, tmp_path):
+    """Shutdown (what SIGTERM starts) while requests run that cannot finish in the grace: just before it
+    runs out, a stream ends with an error event that says why, then [DONE], and a plain request gets a
+    503 that says it, rather than a connection cut mid-answer; the server then stops."""
+    from tinydet.serve import Server
+
+    def slow(layer, op, pos, slots, rows):  # a pass every 50 ms at most: 400 tokens take 20 s
+        if op == "logits":
+            time.sleep(0.05)
+
+    log = tmp_path / "serve.jsonl"
+    service = Service(lambda: stories, NAME, log_path=log)
+    app = create_app(service)
+    server = Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
+                                   timeout_graceful_shutdown=1.0), app.state.end_running)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not (server.started and server.servers):
+            assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.01)
+        url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+        wait_ready(url)
+        stories.backend.hooks.append(slow)
+        body = dict(model=NAME, prompt="Once upon a time", max_tokens=400, temperature=0)
+        with ThreadPoolExecutor(1) as pool:
+            plain = pool.submit(httpx.post, f"{url}/v1/completions", json=dict(body, prompt="Tom"), timeout=60)
+            with httpx.stream("POST", f"{url}/v1/completions", json=dict(body, stream=True), timeout=60) as resp:
+                lines = resp.iter_lines()
+                assert next(lines).startswith("data: ")
+                while service.engine.counts != (2, 0):
+                    assert time.monotonic() < deadline
+                    time.sleep(0.01)
+                t0 = time.monotonic()
+                server.should_exit = True  # Server.handle_exit on SIGTERM
+                rest = [x for x in lines if x]
+                elapsed = time.monotonic() - t0
+            r = plain.result()
+        thread.join(30)
+        assert not thread.is_alive()
+    finally:
+        if slow in stories.backend.hooks:
+            stories.backend.hooks.remove(slow)
+        server.should_exit = True
+        thread.join(30)
+    assert rest[-1] == "data: [DONE]"
+    *chunks, last = [json.loads(x[len("data: "):]) for x in rest[:-1]]
+    assert all(c["choices"] for c in chunks) and "choices" not in last
+    for error in (last["error"], r.json()["error"]):
+        assert error["code"] == "server_shutdown" and error["type"] == "server_error"
+        assert "shutting down" in error["message"] and "in the 1 s" in error["message"]
+    assert r.status_code == 503
+    assert 0.4 < elapsed < 20  # at half the 1 s grace, not when the stream would have ended
+    http = [json.loads(x) for x in log.read_text().splitlines() if '"path": "/v1/completions"' in x]
+    assert sorted(rec["status"] for rec in http) == [200, 503]
+    assert all("shutting down" in rec["error"] for rec in http)
+
+
 # -- the command ----------------------------------------------------------------------------------
 
 def test_cli_serve_sigterm_finishes_running_requests_and_exits_0(stories_path, tmp_path):

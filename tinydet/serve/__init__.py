@@ -10,29 +10,54 @@ Needs the `serve` extra (`pip install "tinydet[serve]"`): Starlette, uvicorn, py
 
 from __future__ import annotations
 
+import asyncio
 import signal
+
+import uvicorn
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server with SIGTERM as a clean stop (exit status 0; uvicorn would re-raise it after
+    shutdown), and `end_running(message)` (the app's: a 503 that says why) called a moment before the
+    grace for running requests (`timeout_graceful_shutdown`) runs out, so that they end with that
+    error rather than with a connection cut mid-answer."""
+
+    def __init__(self, config: uvicorn.Config, end_running=None, on_bound=None):
+        super().__init__(config)
+        self.end_running, self.on_bound = end_running, on_bound
+
+    def handle_exit(self, sig, frame):
+        if sig == signal.SIGTERM:
+            self.should_exit = True
+            return
+        super().handle_exit(sig, frame)
+
+    async def startup(self, sockets=None):
+        await super().startup(sockets)
+        if self.on_bound is not None and self.servers:
+            self.on_bound(self.servers[0].sockets[0].getsockname()[1])
+
+    async def shutdown(self, sockets=None):
+        grace, timer = self.config.timeout_graceful_shutdown, None
+        if grace is not None and self.end_running is not None:  # a moment early, so the errors reach clients
+            message = (f"the server is shutting down, and this request did not finish in the {grace:g} s that "
+                       "running requests are given (tinydet serve --shutdown-timeout)")
+            timer = asyncio.get_running_loop().call_later(grace - min(1.0, grace / 2), self.end_running, message)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            if timer is not None:
+                timer.cancel()
 
 
 def run(service, host: str = "127.0.0.1", port: int = 8000, shutdown_timeout: float = 30.0,
         on_bound=None) -> None:
     """Serve until SIGTERM or Ctrl-C. SIGTERM stops accepting connections, lets running requests
-    finish (up to `shutdown_timeout` seconds), stops the engine and returns (exit status 0)."""
-    import uvicorn
-
+    finish (up to `shutdown_timeout` seconds; those still running then get a 503), stops the engine
+    and returns (exit status 0)."""
     from .app import create_app
 
-    class _Server(uvicorn.Server):
-        def handle_exit(self, sig, frame):
-            if sig == signal.SIGTERM:  # a clean stop, not re-raised after shutdown as uvicorn would
-                self.should_exit = True
-                return
-            super().handle_exit(sig, frame)
-
-        async def startup(self, sockets=None):
-            await super().startup(sockets)
-            if on_bound is not None and self.servers:
-                on_bound(self.servers[0].sockets[0].getsockname()[1])
-
-    config = uvicorn.Config(create_app(service), host=host, port=port, log_level="warning", access_log=False,
+    app = create_app(service)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=shutdown_timeout, lifespan="on")
-    _Server(config).run()
+    Server(config, app.state.end_running, on_bound).run()

@@ -124,6 +124,13 @@ class _Listener:
 class _App:
     def __init__(self, service: Service):
         self.service = service
+        self._running: set[asyncio.Queue] = set()  # the message queues of requests being answered
+
+    def end_running(self, message: str) -> None:
+        """End every request being answered with `message` as a 503 (in a stream: an error event, then
+        [DONE]); the engine stops their work. On the event loop, when a shutdown's grace runs out."""
+        for queue in self._running:
+            queue.put_nowait(("shutdown", -1, message))
 
     # -- shared checks ----------------------------------------------------------------------------
 
@@ -207,6 +214,7 @@ class _App:
         t_arrival = req.state.t_arrival
         listeners = [_Listener(self, j, queue, loop, t_arrival) for j in jobs]
         handles = self.service.submit([j.request for j in jobs], listeners)
+        self._running.add(queue)
         req.state.log["prompt_tokens"] = [len(j.request.prompt_ids) for j in jobs[::body.n]]
         live = {j.index for j in jobs}
         by_index = {j.index: j for j in jobs}
@@ -227,6 +235,8 @@ class _App:
         def take(msg) -> tuple[_Job, tuple | None]:
             """Record a message on its job: (the job, the token message's data, or None for prompt rows)."""
             kind, index, data = msg
+            if kind == "shutdown":
+                raise APIError(503, data, type="server_error", code="server_shutdown")
             job = by_index[index]
             if kind == "error":
                 raise APIError(500, f"the engine failed on this request: {type(data).__name__}: {data}",
@@ -247,10 +257,12 @@ class _App:
 
         # Streaming waits for the first message only before answering, so a request that fails at
         # once gets its error status rather than a 200 stream.
+        streaming = False
         try:
             first = take(await next_message(poll=True))
             while live and not body.stream:
                 take(await next_message(poll=True))
+            streaming = body.stream
         except ClientDisconnect:
             cancel_all()
             req.state.log["disconnected"] = True
@@ -258,6 +270,9 @@ class _App:
         except BaseException:
             cancel_all()
             raise
+        finally:
+            if not streaming:  # a stream's queue stays until the stream ends (events())
+                self._running.discard(queue)
         if not body.stream:
             self._log_choices(req, jobs)
             return _json(render_final(jobs, seed))
@@ -290,6 +305,7 @@ class _App:
                 if live:
                     req.state.log["disconnected"] = True
                 cancel_all()
+                self._running.discard(queue)
                 req.state.log_done()
 
         req.state.log_deferred = True
@@ -576,4 +592,5 @@ def create_app(service: Service) -> Starlette:
         Route("/metrics", a.metrics, methods=["GET"]),
     ], exception_handlers={404: not_found, 405: not_found}, lifespan=lifespan)
     app.add_middleware(_Middleware, service=service)
+    app.state.end_running = a.end_running
     return app
