@@ -636,8 +636,8 @@ def test_cli_serve_sigterm_finishes_running_requests_and_exits_0(stories_path, t
     # One thread and a long grace: the test's workers share the cores, and with a thread per core and four
     # busy processes beside it this stream ran at 41 tok/s (1,238 of its tokens in the default 30 s grace).
     proc = subprocess.Popen([sys.executable, "-m", "tinydet", "serve", "--model", str(stories_path), "--port", "0",
-                             "--threads", "1", "--shutdown-timeout", "600", "--log", str(log), "--canary-interval", "0"],
-                            stderr=subprocess.PIPE, text=True, env=env)
+                             "--threads", "1", "--shutdown-timeout", "600", "--log", str(log),
+                             "--canary-interval", "0"], stderr=subprocess.PIPE, text=True, env=env)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
     reader.start()
