@@ -30,20 +30,25 @@ def serving(model, name=NAME, loader=None, **kw):
     service = Service(loader or (lambda: model), name, **kw)
     server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=0, log_level="warning",
                                            lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
+    thread, url = start(server)
     try:
-        deadline = time.monotonic() + 60
-        while not (server.started and server.servers):
-            assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.01)
-        url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
         if loader is None:
             wait_ready(url)
         yield url, service
     finally:
         server.should_exit = True
         thread.join(60)
+
+
+def start(server: uvicorn.Server) -> tuple[threading.Thread, str]:
+    """Run `server` on a thread of this process: (the thread, its base URL) once it listens."""
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not (server.started and server.servers):
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    return thread, f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
 
 
 def wait_ready(url, timeout=120):
@@ -575,16 +580,11 @@ def test_requests_outlasting_the_shutdown_grace_end_with_a_503(stories, tmp_path
     app = create_app(service)
     server = Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
                                    timeout_graceful_shutdown=1.0), app.state.end_running)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
+    thread, url = start(server)
     try:
-        deadline = time.monotonic() + 60
-        while not (server.started and server.servers):
-            assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.01)
-        url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
         wait_ready(url)
         stories.backend.hooks.append(slow)
+        deadline = time.monotonic() + 60
         body = dict(model=NAME, prompt="Once upon a time", max_tokens=400, temperature=0)
         with ThreadPoolExecutor(1) as pool:
             plain = pool.submit(httpx.post, f"{url}/v1/completions", json=dict(body, prompt="Tom"), timeout=60)
