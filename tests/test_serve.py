@@ -599,13 +599,12 @@ def test_requests_outlasting_the_shutdown_grace_end_with_a_503(stories, tmp_path
                 rest = [x for x in lines if x]
                 elapsed = time.monotonic() - t0
             r = plain.result()
-        thread.join(30)
-        assert not thread.is_alive()
     finally:
         if slow in stories.backend.hooks:
             stories.backend.hooks.remove(slow)
         server.should_exit = True
         thread.join(30)
+    assert not thread.is_alive()
     assert rest[-1] == "data: [DONE]"
     *chunks, last = [json.loads(x[len("data: "):]) for x in rest[:-1]]
     assert all(c["choices"] for c in chunks) and "choices" not in last
