@@ -29,6 +29,7 @@ import tinydet
 from contract import bits
 from test_native import NATIVE, random_blocks
 from test_native_model import PLANS, requantized
+from tinydet.backends import cupy as cupy_backend
 from tinydet.backends import open_device
 from tinydet.backends.cpu import layout
 from tinydet.backends.cpu.loaders import embed as cpu_embed
@@ -64,9 +65,18 @@ def same(got, want, what=""):
 # ---------------------------------------------------------------------------------------------------
 # 1. The kernels against the CPU backend.
 
+@pytest.fixture(params=["k-blocks in parallel", "a thread per output"])
+def mm_path(request, monkeypatch):
+    """Each product both ways (cupy.PART_FLOATS): k-blocks in parallel, partial sums then their Kahan
+    steps (what small products take), or one thread per output over the whole of K (large ones)."""
+    if request.param == "a thread per output":
+        monkeypatch.setattr(cupy_backend, "PART_FLOATS", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("rows", [1, 3, 9])
 @pytest.mark.parametrize("name", NATIVE + ["f32", "f16"])
-def test_product_every_storage_type(dev, name, rows):
+def test_product_every_storage_type(dev, name, rows, mm_path):
     rng = np.random.default_rng(rows)
     n, k = (100, 512) if name in ("Q4_K", "Q5_K", "Q6_K") else (100, 160)  # a partial last panel; K % 64 != 0
     x = (rng.standard_normal((rows, k)) * np.exp2(rng.integers(-8, 8, (rows, 1)))).astype(np.float32)
@@ -80,7 +90,7 @@ def test_product_every_storage_type(dev, name, rows):
     same(product(dev, x, w, n), want, name)
 
 
-def test_product_float32_scales_and_mixed_storage(dev):
+def test_product_float32_scales_and_mixed_storage(dev, mm_path):
     """Scales the packer keeps as float32 (signaling NaNs), and a kind of mixed types (MixedPanels)."""
     rng = np.random.default_rng(5)
     raw = random_blocks("Q4_1", 64, 128, seed=3).reshape(64, -1)
@@ -148,7 +158,7 @@ def check_same_logits(cpu, gpu, ids, chunks=(1, 5)):
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "native"])
-def test_stories_logits_generate_and_batch(stories_path, dtype):
+def test_stories_logits_generate_and_batch(stories_path, dtype, mm_path):
     cpu, gpu = cpu_and_gpu(stories_path, dtype)
     ids = cpu.tokenize(PROMPT)
     check_same_logits(cpu, gpu, ids)

@@ -2,8 +2,9 @@
 NVIDIA GPU (`device.CudaDevice`) or, on a machine without one, by a serial emulator built from the
 same source (`device.HostDevice`; the tests use it).
 
-Every output is computed by one thread in the CPU backend's order (64-long k-blocks of plain float32
-sums added with Kahan compensation, per-element Kahan in RMSNorm and attention, tinydet's own exp and
+Every output is computed in the CPU backend's order, each chain of operations in one thread (64-long
+k-blocks of plain float32 sums, in threads of their own where the partials fit (`_mm`), added with
+Kahan compensation, per-element Kahan in RMSNorm and attention, tinydet's own exp and
 tanh), so each logits row has the CPU's bits: the same golden hashes, any batch, any chunking. The
 weights are the CPU backend's packed weights (`cpu.weights.CPUWeights`: the same panels, quantized
 blocks dequantized inside the kernels), copied to the device. Decode steps (one token per item, no
@@ -37,6 +38,11 @@ __all__ = ["CudaBackend", "CudaDevice", "HostDevice", "embed", "product"]
 
 MM_BLOCK, MM_ROWS = 128, 4  # threads per block over outputs; rows per thread (kernels.cu MM_ROWS)
 BLOCK = 128
+# A product whose partial sums (one per row, output and 64-long k-block) fit in this many floats runs
+# its k-blocks in parallel (kernels.cu matmul_part + mm_sum): decode and small batches have too few
+# outputs to fill a GPU with threads that each run a chain as long as K. Larger ones (long prompts on
+# big matrices) run one thread per output (matmul). The same operations either way.
+PART_FLOATS = 1 << 24
 
 
 def _blocks(n: int, block: int = BLOCK) -> int:
@@ -141,12 +147,27 @@ def _upload(dev, w, dummy) -> tuple:
     return name, (dev.to_device(w), dummy, dummy, dummy, dummy), 0
 
 
-def _mm(dev, x, segments: list, out) -> None:
-    """out[:, c0:n1] = x W^T for each segment of a matrix's layer (`_Matrix.layer`)."""
+def _part_floats(T: int, K: int, n: int) -> int:
+    """The floats of the partial sums of a T-row product of n outputs over K, or 0 where the product
+    runs one thread per output (PART_FLOATS)."""
+    size = T * -(-K // 64) * n
+    return size if size <= PART_FLOATS else 0
+
+
+def _mm(dev, x, segments: list, out, part) -> None:
+    """out[:, c0:n1] = x W^T for each segment of a matrix's layer (`_Matrix.layer`), through the float32
+    buffer `part` where the segment's partial sums fit in it (`_part_floats`)."""
     T, K = x.shape
+    nkb = -(-K // 64)
     for name, arrays, flags, p0, c0, n1 in segments:
-        dev.launch(f"mm_{name}", (_blocks(n1 - c0, MM_BLOCK), _blocks(T, MM_ROWS)), (MM_BLOCK, 1),
-                   (x, T, K, *arrays, flags, p0, c0, n1, out, out.shape[1]))
+        size = _part_floats(T, K, n1 - c0)
+        if 0 < size <= part.size:
+            dev.launch(f"mm_part_{name}", (_blocks(nkb * (n1 - c0), MM_BLOCK), _blocks(T, MM_ROWS)), (MM_BLOCK, 1),
+                       (x, T, K, *arrays, flags, p0, c0, n1, part))
+            dev.launch("mm_sum", (_blocks(T * (n1 - c0)),), (BLOCK,), (part, T, nkb, c0, n1, out, out.shape[1]))
+        else:
+            dev.launch(f"mm_{name}", (_blocks(n1 - c0, MM_BLOCK), _blocks(T, MM_ROWS)), (MM_BLOCK, 1),
+                       (x, T, K, *arrays, flags, p0, c0, n1, out, out.shape[1]))
 
 
 def _embed(dev, ids, T: int, K: int, segments: list, out) -> None:
@@ -161,7 +182,9 @@ def product(dev, x: np.ndarray, w, n_out: int, layer: int | None = None) -> np.n
     dummy = dev.to_device(np.zeros(1, np.float32))
     mat = _Matrix(dev, w, n_out, layer is not None, dummy)
     out = dev.to_device(np.full((x.shape[0], n_out), np.nan, np.float32))
-    _mm(dev, dev.to_device(np.ascontiguousarray(x, np.float32)), mat.layer(layer), out)
+    part = dev.to_device(np.full(max([1] + [_part_floats(*x.shape, s[5] - s[4]) for s in mat.layer(layer)]), np.nan,
+                                 np.float32))
+    _mm(dev, dev.to_device(np.ascontiguousarray(x, np.float32)), mat.layer(layer), out, part)
     return np.array(dev.to_host(out))
 
 
@@ -178,7 +201,7 @@ def embed(dev, w, ids, k: int) -> np.ndarray:
 class _Workspace:
     """The device buffers of one pass shape: T tokens, R logits rows, ncols score columns."""
 
-    def __init__(self, xp, cfg: ModelConfig, T: int, R: int, ncols: int):
+    def __init__(self, xp, cfg: ModelConfig, T: int, R: int, ncols: int, part: int):
         f32, i64 = np.float32, np.int64
         dim, H = cfg.dim, cfg.n_heads
         self.T, self.R, self.ncols = T, R, ncols
@@ -194,6 +217,8 @@ class _Workspace:
         self.den = xp.empty(T * H, f32)
         self.xr, self.hn = (xp.empty((max(R, 1), dim), f32) for _ in range(2))
         self.logits = xp.empty((max(R, 1), cfg.vocab_size), f32)
+        self.part = xp.empty(max(part, 1), f32)  # the products' partial sums (`_mm`)
+        self.inv = xp.empty(max(T, R, 1), f32)  # RMSNorm's 1 / rms per row
 
 
 class CudaBackend(Backend):
@@ -278,7 +303,8 @@ class CudaBackend(Backend):
                 ws = cache.graphs.get((T, R))
                 if ws is None or ws.rope_n != self._rope_n:  # new shape, or the RoPE tables moved
                     with _fits(self.dev, f"the buffers of a pass of {T} tokens"):
-                        ws = cache.graphs[(T, R)] = _Workspace(self.dev.xp, cfg, T, R, cache.capacity)
+                        ws = cache.graphs[(T, R)] = _Workspace(self.dev.xp, cfg, T, R, cache.capacity,
+                                                               self._part_size(T, R))
                     ws.graph, ws.rope_n = None, self._rope_n
                 self._inputs(ws, b)
                 if self.graphs and ws.graph is None:
@@ -289,7 +315,7 @@ class CudaBackend(Backend):
                     self._pass(ws, cache, None, b)
             else:
                 with _fits(self.dev, f"the buffers of a pass of {T} tokens"):
-                    ws = _Workspace(self.dev.xp, cfg, T, R, int(b.pos.max()) + 1)
+                    ws = _Workspace(self.dev.xp, cfg, T, R, int(b.pos.max()) + 1, self._part_size(T, R))
                 self._inputs(ws, b)
                 self._pass(ws, cache, hook, b)
             logits = self.dev.to_host(ws.logits[:R]) if R else np.zeros((0, cfg.vocab_size), np.float32)
@@ -321,12 +347,22 @@ class CudaBackend(Backend):
     # -----------------------------------------------------------------------------------------------
     # The pass: forward.py's operations, each a kernel (no fusion), with the same hook points.
 
-    def _mm(self, x, mat: _Matrix, li, out) -> None:
-        _mm(self.dev, x, mat.layer(li), out)
+    def _part_size(self, T: int, R: int) -> int:
+        """Floats for the partial sums of the largest product of a pass of T tokens and R logits rows
+        that runs its k-blocks in parallel (`_mm`)."""
+        cfg = self.config
+        k = {"wqkv": cfg.dim, "wo": cfg.q_dim, "w13": cfg.dim, "w2": cfg.ffn_dim}
+        sizes = [_part_floats(T, k[name], s[5] - s[4]) for name, mat in self._mats.items() for segs in mat.segments
+                 for s in segs]
+        return max(sizes + [_part_floats(R, cfg.dim, s[5] - s[4]) for s in self._output.layer(None)])
 
-    def _rmsnorm(self, x, w, out) -> None:
+    def _mm(self, ws: _Workspace, x, mat: _Matrix, li, out) -> None:
+        _mm(self.dev, x, mat.layer(li), out, ws.part)
+
+    def _rmsnorm(self, ws: _Workspace, x, w, out) -> None:
         T, D = x.shape
-        self.dev.launch("rmsnorm", (_blocks(T, 64),), (64,), (x, T, D, w, self._eps, out))
+        self.dev.launch("rms_inv_rows", (_blocks(T, 64),), (64,), (x, T, D, self._eps, ws.inv))
+        self.dev.launch("rms_scale", (_blocks(T * D),), (BLOCK,), (x, T, D, ws.inv, w, out))
 
     def _see(self, hook, li, op, pos, slots, a, c0=0, c1=None) -> None:
         """The op hook on columns c0..c1 of `a`: given a host copy, whose changes are copied back."""
@@ -351,9 +387,9 @@ class CudaBackend(Backend):
         self._see(hook, None, EMBEDDING, pos, slots, x)
         for li in range(cfg.n_layers):
             kc, vc = cache.k[li], cache.v[li]
-            self._rmsnorm(x, v["attn_norm"][li], h)
+            self._rmsnorm(ws, x, v["attn_norm"][li], h)
             self._see(hook, li, ATTN_NORM, pos, slots, h)
-            self._mm(h, self._mats["wqkv"], li, qkv)
+            self._mm(ws, h, self._mats["wqkv"], li, qkv)
             if v["bqkv"].shape[1]:
                 dev.launch("add_bias", (_blocks(T * qkv.shape[1]),), (BLOCK,), (qkv, v["bqkv"][li], T, qkv.shape[1]))
             self._see(hook, li, Q, pos, slots, qkv, 0, q_dim)
@@ -374,9 +410,9 @@ class CudaBackend(Backend):
             self._see(hook, li, ATTENTION, pos, slots, ws.att)
             self._project(ws.att, "wo", li, v["post_attn_norm"], hook, (ATTN_OUTPUT, POST_ATTN_NORM, ATTN_RESIDUAL),
                           ws, pos, slots)
-            self._rmsnorm(x, v["ffn_norm"][li], h)
+            self._rmsnorm(ws, x, v["ffn_norm"][li], h)
             self._see(hook, li, FFN_NORM, pos, slots, h)
-            self._mm(h, self._mats["w13"], li, ws.gu)
+            self._mm(ws, h, self._mats["w13"], li, ws.gu)
             self._see(hook, li, GATE, pos, slots, ws.gu, 0, F)
             self._see(hook, li, UP, pos, slots, ws.gu, F, 2 * F)
             dev.launch("glu", (_blocks(T * F),), (BLOCK,), (ws.gu, T, F, self._act, GELU_B, GELU_K, ws.a))
@@ -386,11 +422,11 @@ class CudaBackend(Backend):
             return
         dev.launch("gather_rows", (_blocks(R * dim),), (BLOCK,), (x, dim, ws.rows, R, ws.xr))
         xr, hn = ws.xr[:R], ws.hn[:R]
-        self._rmsnorm(xr, v["norm"], hn)
+        self._rmsnorm(ws, xr, v["norm"], hn)
         pr, sr = (b.pos[b.rows], b.slots[b.rows]) if b is not None else (None, None)
         self._see(hook, None, FINAL_NORM, pr, sr, hn)
         logits = ws.logits[:R]
-        self._mm(hn, self._output, None, logits)
+        self._mm(ws, hn, self._output, None, logits)
         if cfg.logit_softcap:
             dev.launch("softcap", (_blocks(R * cfg.vocab_size),), (BLOCK,),
                        (logits, R * cfg.vocab_size, np.float32(cfg.logit_softcap)))
@@ -399,10 +435,10 @@ class CudaBackend(Backend):
     def _project(self, a, kind, li, post, hook, ops, ws, pos, slots) -> None:
         """proj = a W[li]^T, a post-norm of it where the model has one, then x += proj."""
         op, post_op, res_op = ops
-        self._mm(a, self._mats[kind], li, ws.proj)
+        self._mm(ws, a, self._mats[kind], li, ws.proj)
         self._see(hook, li, op, pos, slots, ws.proj)
         if post.shape[1]:
-            self._rmsnorm(ws.proj, post[li], ws.proj)
+            self._rmsnorm(ws, ws.proj, post[li], ws.proj)
             self._see(hook, li, post_op, pos, slots, ws.proj)
         n = ws.x.size
         self.dev.launch("add_rows", (_blocks(n),), (BLOCK,), (ws.x, ws.proj, n))

@@ -123,7 +123,7 @@ def _cached(name: str, key: str, make) -> Path:
 @lru_cache(maxsize=None)
 def signatures() -> dict[str, list[tuple[str, object, bool]]]:
     """Each kernel's parameters as (name, dtype or None for void*, is_pointer), from the source (the
-    storage kernels' `mm_##NAME` / `embed_##NAME` expanded for every STORAGE_KERNELS line)."""
+    storage kernels' `mm_##NAME`, `mm_part_##NAME` and `embed_##NAME` expanded for every STORAGE_KERNELS line)."""
     src = source()
     names = re.findall(r"^STORAGE_KERNELS\((\w+), \w+\)$", src, re.M)
     out = {}

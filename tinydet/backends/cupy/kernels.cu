@@ -1,5 +1,6 @@
-// The GPU backend's kernels: every output computed by one thread, by the operations of the CPU backend
-// in the same order (tinydet/backends/cpu, docs in each function), so that each result has the CPU's
+// The GPU backend's kernels: every output computed by the operations of the CPU backend in the same
+// order (tinydet/backends/cpu, docs in each function), each chain of them in one thread (a matrix
+// product's k-blocks may be separate chains, see matmul_part), so that each result has the CPU's
 // bits. Built by NVRTC with --fmad=false (a*b + c stays a rounded multiply and a rounded add; NVRTC's
 // default fuses them), --prec-div=true, --prec-sqrt=true, --ftz=false; no fast-math intrinsics, and
 // exp/tanh are tinydet's own (CUDA's expf uses ex2.approx). No shared memory, no warp shuffles: a
@@ -177,8 +178,12 @@ template <int KIND> DEV float wat(const W& w, i64 n, int k) {
 // ---------------------------------------------------------------------------------------------------
 // The matrix product (cpu/matmul.py, cpu/tiles.py): out[t, c0 + n] = sum_k x[t, k] W[n, k] for outputs
 // c0 <= c0 + n < n1, per output: s = c = 0; for each k-block [k0, k0 + 64): part = 0, then
-// part = part + w * x for k in order; then the Kahan step of (part) into (s, c). A thread computes one
-// output for MM_ROWS rows (grid y: groups of rows), loading each weight once for them.
+// part = part + w * x for k in order; then the Kahan step of (part) into (s, c). Two ways to the same
+// operations: `matmul` gives a thread one output for MM_ROWS rows (grid y: groups of rows), loading
+// each weight once for them, and runs the whole chain; or, where the host has room for the partials
+// (decode, small batches: too few outputs to fill the GPU, and each thread's chain as long as K),
+// `matmul_part` gives a thread one k-block of one output for MM_ROWS rows and stores its part sums,
+// part[(t * nkb + kb) * N + n], and `mm_sum` then takes each output's Kahan steps over them in order.
 
 #define MM_ROWS 4
 
@@ -203,6 +208,31 @@ template <int KIND> DEV void matmul(const float* x, int T, int K, const W& w, in
     for (int r = 0; r < MM_ROWS && t0 + r < T; r++) out[(i64)(t0 + r) * ldo + c0 + n] = s[r];
 }
 
+template <int KIND> DEV void matmul_part(const float* x, int T, int K, const W& w, int c0, int n1, float* part) {
+    i64 N = n1 - c0, n = (i64)GX % N, kb = (i64)GX / N;
+    int t0 = (int)GY * MM_ROWS, nkb = (K + 63) / 64;
+    if (kb >= nkb || t0 >= T) return;
+    int k0 = (int)kb * 64, k1 = k0 + 64 < K ? k0 + 64 : K;
+    int nr = T - t0 < MM_ROWS ? T - t0 : MM_ROWS;
+    float a[MM_ROWS];
+    for (int r = 0; r < MM_ROWS; r++) a[r] = 0.0f;
+    for (int k = k0; k < k1; k++) {
+        float wk = wat<KIND>(w, n, k);
+        for (int r = 0; r < MM_ROWS; r++)
+            if (r < nr) a[r] = a[r] + wk * x[(i64)(t0 + r) * K + k];
+    }
+    for (int r = 0; r < nr; r++) part[((i64)(t0 + r) * nkb + kb) * N + n] = a[r];
+}
+
+// out[t, c0 + n] = the Kahan steps of part[t, 0 .. nkb, n] in order (matmul_part's sums). A thread per (t, n).
+KERNEL mm_sum(const float* part, int T, int nkb, int c0, int n1, float* out, int ldo) {
+    i64 N = n1 - c0, t = (i64)GX / N, n = (i64)GX % N;
+    if (t >= T) return;
+    float s = 0.0f, c = 0.0f;
+    for (int kb = 0; kb < nkb; kb++) KAHAN(part[(t * nkb + kb) * N + n], s, c);
+    out[t * ldo + c0 + n] = s;
+}
+
 // x[t, i] = W[ids[t] - c0, i] for the rows ids[t] in [c0, n1) (an embedding; a thread per (t, i)).
 template <int KIND> DEV void embed(const long long* ids, int T, int K, const W& w, int c0, int n1, float* x) {
     i64 j = GX, t = j / K;
@@ -216,6 +246,11 @@ KERNEL mm_##NAME(const float* x, int T, int K, const void* qs, const void* d, co
                  const void* qh, int flags, long long p0, int c0, int n1, float* out, int ldo) { \
     W w = {qs, d, m, sc, qh, K, flags, p0}; \
     matmul<KIND>(x, T, K, w, c0, n1, out, ldo); \
+} \
+KERNEL mm_part_##NAME(const float* x, int T, int K, const void* qs, const void* d, const void* m, const void* sc, \
+                      const void* qh, int flags, long long p0, int c0, int n1, float* part) { \
+    W w = {qs, d, m, sc, qh, K, flags, p0}; \
+    matmul_part<KIND>(x, T, K, w, c0, n1, part); \
 } \
 KERNEL embed_##NAME(const long long* ids, int T, int K, const void* qs, const void* d, const void* m, \
                     const void* sc, const void* qh, int flags, long long p0, int c0, int n1, float* x) { \
@@ -237,7 +272,7 @@ STORAGE_KERNELS(q6_k, Q6_K)
 
 // ---------------------------------------------------------------------------------------------------
 // RMSNorm (cpu/ops.py): out = (x * (1 / sqrt(mean(x^2) + eps))) * w, the sum of squares a Kahan sum
-// in index order. One thread per row; out may be x.
+// in index order: rms_inv_rows a thread per row (the chain), rms_scale a thread per element; out may be x.
 
 DEV float rms_inv(const float* x, int n, float eps) {
     float s = 0.0f, c = 0.0f;
@@ -245,11 +280,14 @@ DEV float rms_inv(const float* x, int n, float eps) {
     return 1.0f / sqrtf(s / (float)n + eps);
 }
 
-KERNEL rmsnorm(const float* x, int T, int D, const float* w, float eps, float* out) {
+KERNEL rms_inv_rows(const float* x, int T, int D, float eps, float* inv) {
     int t = (int)GX;
-    if (t >= T) return;
-    float inv = rms_inv(x + (i64)t * D, D, eps);
-    for (int i = 0; i < D; i++) out[(i64)t * D + i] = (x[(i64)t * D + i] * inv) * w[i];
+    if (t < T) inv[t] = rms_inv(x + (i64)t * D, D, eps);
+}
+
+KERNEL rms_scale(const float* x, int T, int D, const float* inv, const float* w, float* out) {
+    i64 i = (i64)GX;
+    if (i < (i64)T * D) out[i] = (x[i] * inv[i / D]) * w[i % D];
 }
 
 // ---------------------------------------------------------------------------------------------------
