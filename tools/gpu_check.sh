@@ -146,9 +146,14 @@ fi
 if has tests; then
     if python3 -c "import pytest, gguf" 2>/dev/null; then
         workers=()
-        python3 -c "import xdist" 2>/dev/null && workers=(-n "${TEST_WORKERS:-8}")
-        run env TINYDET_TEST_DEVICE="$device" ${stories:+TINYDET_SHARED_MODELS=$(dirname "$stories")} \
-            python3 -m pytest -q -rs -p no:cacheprovider "${workers[@]}" tests/test_cuda.py
+        # (pyproject's addopts cap the workers at 4 unless --maxprocesses says more)
+        python3 -c "import xdist" 2>/dev/null && workers=(-n "${TEST_WORKERS:-8}" --maxprocesses "${TEST_WORKERS:-8}")
+        # the tests only a GPU runs first (a lease can end before the rest), then the rest; the
+        # slowest of each named, for the next run's planning
+        for select in real_gpu "not real_gpu"; do
+            run env TINYDET_TEST_DEVICE="$device" ${stories:+TINYDET_SHARED_MODELS=$(dirname "$stories")} \
+                python3 -m pytest -q -rs -p no:cacheprovider "${workers[@]}" --durations=15 -k "$select" tests/test_cuda.py
+        done
     else
         echo "(pytest or gguf missing: tests/test_cuda.py not run)" | tee -a "$log"
     fi
