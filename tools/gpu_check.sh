@@ -146,8 +146,9 @@ fi
 if has tests; then
     if python3 -c "import pytest, gguf" 2>/dev/null; then
         workers=()
-        # (pyproject's addopts cap the workers at 4 unless --maxprocesses says more)
-        python3 -c "import xdist" 2>/dev/null && workers=(-n "${TEST_WORKERS:-8}" --maxprocesses "${TEST_WORKERS:-8}")
+        # pyproject's addopts give a file's tests to one worker (--dist loadfile), at most 4 of them:
+        # here the tests of the one file are spread over as many workers as asked
+        python3 -c "import xdist" 2>/dev/null && workers=(-n "${TEST_WORKERS:-8}" --maxprocesses "${TEST_WORKERS:-8}" --dist load)
         # the tests only a GPU runs first (a lease can end before the rest), then the rest; the
         # slowest of each named, for the next run's planning
         for select in real_gpu "not real_gpu"; do
