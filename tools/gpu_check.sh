@@ -3,10 +3,12 @@
 # bits, and how fast is it? One run of a few minutes:
 #   tools/gpu_check.sh MODEL.gguf [MODEL.gguf ...]
 # with stories260K.gguf and, where it can be brought, SmolLM2-135M-Instruct.Q4_1.gguf (each model's
-# golden file, tests/golden/*.json, is found by its SHA-256). In four phases ($PHASES, default all):
+# golden file, tests/golden/*.json, is found by its SHA-256). In five phases ($PHASES, default all):
 #   gpu:   per model, the golden hashes with --device cuda (every case, the fp32 ones again with native
 #          storage), with CUDA graphs (the default) and without (TINYDET_CUDA_GRAPHS=0); then
 #          tinydet bench --device cuda for each dtype (prefill and decode tok/s);
+#   profile: with gpu, per model, tools/gpu_profile.py: the GPU time of 16 native tokens per kernel
+#          (needs torch, whose profiler sees CuPy's kernels);
 #   cpu:   per model, the golden hashes on this machine's CPU (started in the background at once: they
 #          compile numba's kernels, minutes on a cold cache, while the GPU phase runs), tinydet verify
 #          --device cuda (threads, chunked prefill, recompute, batches, and the CPU backend's run as one
@@ -48,7 +50,7 @@ run() {
     return "$rc"
 }
 
-phases=${PHASES:-gpu cpu tests serve}
+phases=${PHASES:-gpu profile cpu tests serve}
 has() { [[ " $phases " == *" $1 "* ]]; }
 
 if [ "$device" != cuda-host ]; then
@@ -127,6 +129,9 @@ for m in "${models[@]}"; do
         run python3 -m tinydet bench "$m" --device "$device" --dtype "$dtype" --prompt-tokens 128 --new-tokens 64 \
             --repeats 3 --json
     done
+    if has profile && [ "$device" != cuda-host ]; then  # the GPU time per kernel (needs torch)
+        run python3 tools/gpu_profile.py "$m" --dtype native --device "$device"
+    fi
 done
 
 if has cpu; then
