@@ -153,12 +153,14 @@ if has tests; then
         workers=()
         # pyproject's addopts give a file's tests to one worker (--dist loadfile), at most 4 of them:
         # here the tests of the one file are spread over as many workers as asked
-        python3 -c "import xdist" 2>/dev/null && workers=(-n "${TEST_WORKERS:-8}" --maxprocesses "${TEST_WORKERS:-8}" --dist load)
+        n=${TEST_WORKERS:-8}
+        python3 -c "import xdist" 2>/dev/null && workers=(-n "$n" --maxprocesses "$n" --dist load)
         # the tests only a GPU runs first (a lease can end before the rest), then the rest; the
         # slowest of each named, for the next run's planning
         for select in real_gpu "not real_gpu"; do
             run env TINYDET_TEST_DEVICE="$device" ${stories:+TINYDET_SHARED_MODELS=$(dirname "$stories")} \
-                python3 -m pytest -q -rs -p no:cacheprovider "${workers[@]}" --durations=15 -k "$select" tests/test_cuda.py
+                python3 -m pytest -q -rs -p no:cacheprovider "${workers[@]}" --durations=15 -k "$select" \
+                tests/test_cuda.py
         done
     else
         echo "(pytest or gguf missing: tests/test_cuda.py not run)" | tee -a "$log"
