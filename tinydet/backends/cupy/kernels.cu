@@ -187,6 +187,20 @@ template <int KIND> DEV float wat(const W& w, i64 n, int k) {
 
 #define MM_ROWS 4
 
+// a[r] = part, the plain float32 sum of W[n, k] x[t0 + r, k] over k in [k0, k1) in k order, for the
+// MM_ROWS rows from t0 (rows past T repeat the last, never stored): one k-block of both ways.
+template <int KIND> DEV void block_sums(const float* x, int T, int K, const W& w, i64 n, int t0, int k0, int k1,
+                                        float* a) {
+    for (int r = 0; r < MM_ROWS; r++) a[r] = 0.0f;
+    for (int k = k0; k < k1; k++) {
+        float wk = wat<KIND>(w, n, k);
+        for (int r = 0; r < MM_ROWS; r++) {
+            int t = t0 + r < T ? t0 + r : T - 1;
+            a[r] = a[r] + wk * x[(i64)t * K + k];
+        }
+    }
+}
+
 template <int KIND> DEV void matmul(const float* x, int T, int K, const W& w, int c0, int n1, float* out, int ldo) {
     i64 n = (i64)GX;
     int t0 = (int)GY * MM_ROWS;
@@ -194,15 +208,7 @@ template <int KIND> DEV void matmul(const float* x, int T, int K, const W& w, in
     float s[MM_ROWS], c[MM_ROWS], a[MM_ROWS];
     for (int r = 0; r < MM_ROWS; r++) { s[r] = 0.0f; c[r] = 0.0f; }
     for (int k0 = 0; k0 < K; k0 += 64) {
-        int k1 = k0 + 64 < K ? k0 + 64 : K;
-        for (int r = 0; r < MM_ROWS; r++) a[r] = 0.0f;
-        for (int k = k0; k < k1; k++) {
-            float wk = wat<KIND>(w, n, k);
-            for (int r = 0; r < MM_ROWS; r++) {
-                int t = t0 + r < T ? t0 + r : T - 1;  // rows past T repeat the last (never stored)
-                a[r] = a[r] + wk * x[(i64)t * K + k];
-            }
-        }
+        block_sums<KIND>(x, T, K, w, n, t0, k0, k0 + 64 < K ? k0 + 64 : K, a);
         for (int r = 0; r < MM_ROWS; r++) KAHAN(a[r], s[r], c[r]);
     }
     for (int r = 0; r < MM_ROWS && t0 + r < T; r++) out[(i64)(t0 + r) * ldo + c0 + n] = s[r];
@@ -212,16 +218,10 @@ template <int KIND> DEV void matmul_part(const float* x, int T, int K, const W& 
     i64 N = n1 - c0, n = (i64)GX % N, kb = (i64)GX / N;
     int t0 = (int)GY * MM_ROWS, nkb = (K + 63) / 64;
     if (kb >= nkb || t0 >= T) return;
-    int k0 = (int)kb * 64, k1 = k0 + 64 < K ? k0 + 64 : K;
-    int nr = T - t0 < MM_ROWS ? T - t0 : MM_ROWS;
+    int k0 = (int)kb * 64;
     float a[MM_ROWS];
-    for (int r = 0; r < MM_ROWS; r++) a[r] = 0.0f;
-    for (int k = k0; k < k1; k++) {
-        float wk = wat<KIND>(w, n, k);
-        for (int r = 0; r < MM_ROWS; r++)
-            if (r < nr) a[r] = a[r] + wk * x[(i64)(t0 + r) * K + k];
-    }
-    for (int r = 0; r < nr; r++) part[((i64)(t0 + r) * nkb + kb) * N + n] = a[r];
+    block_sums<KIND>(x, T, K, w, n, t0, k0, k0 + 64 < K ? k0 + 64 : K, a);
+    for (int r = 0; r < MM_ROWS && t0 + r < T; r++) part[((i64)(t0 + r) * nkb + kb) * N + n] = a[r];
 }
 
 // out[t, c0 + n] = the Kahan steps of part[t, 0 .. nkb, n] in order (matmul_part's sums). A thread per (t, n).
