@@ -154,6 +154,12 @@ def _part_floats(T: int, K: int, n: int) -> int:
     return size if size <= PART_FLOATS else 0
 
 
+def _part_need(T: int, shapes) -> int:
+    """The floats of partial sums that the largest of T-row products over `shapes`, (K, outputs) pairs,
+    needs (0 where none runs its k-blocks in parallel): the size of `_mm`'s buffer."""
+    return max([0] + [_part_floats(T, K, n) for K, n in shapes])
+
+
 def _mm(dev, x, segments: list, out, part) -> None:
     """out[:, c0:n1] = x W^T for each segment of a matrix's layer (`_Matrix.layer`), through the float32
     buffer `part` where the segment's partial sums fit in it (`_part_floats`)."""
@@ -182,8 +188,8 @@ def product(dev, x: np.ndarray, w, n_out: int, layer: int | None = None) -> np.n
     dummy = dev.to_device(np.zeros(1, np.float32))
     mat = _Matrix(dev, w, n_out, layer is not None, dummy)
     out = dev.to_device(np.full((x.shape[0], n_out), np.nan, np.float32))
-    part = dev.to_device(np.full(max([1] + [_part_floats(*x.shape, s[5] - s[4]) for s in mat.layer(layer)]), np.nan,
-                                 np.float32))
+    need = _part_need(x.shape[0], {(x.shape[1], s[5] - s[4]) for s in mat.layer(layer)})
+    part = dev.to_device(np.full(max(1, need), np.nan, np.float32))
     _mm(dev, dev.to_device(np.ascontiguousarray(x, np.float32)), mat.layer(layer), out, part)
     return np.array(dev.to_host(out))
 
@@ -247,6 +253,11 @@ class CudaBackend(Backend):
             self._output = _Matrix(dev, w.output, cfg.vocab_size, False, self._dummy)
             self._table = self._output if w.table is w.output else _Matrix(dev, w.table, cfg.vocab_size, False,
                                                                             self._dummy)
+            # the (K, outputs) of every product run (`_part_need`): the layers', and the logits'
+            k = {"wqkv": cfg.dim, "wo": cfg.q_dim, "w13": cfg.dim, "w2": cfg.ffn_dim}
+            self._shapes = {(k[name], s[5] - s[4]) for name, mat in self._mats.items() for segs in mat.segments
+                            for s in segs}
+            self._out_shapes = {(cfg.dim, s[5] - s[4]) for s in self._output.layer(None)}
             self._vec = {name: dev.to_device(getattr(w, name)) for name in (
                 "attn_norm", "ffn_norm", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm", "bqkv", "norm")}
         del w
@@ -348,13 +359,8 @@ class CudaBackend(Backend):
     # The pass: forward.py's operations, each a kernel (no fusion), with the same hook points.
 
     def _part_size(self, T: int, R: int) -> int:
-        """Floats for the partial sums of the largest product of a pass of T tokens and R logits rows
-        that runs its k-blocks in parallel (`_mm`)."""
-        cfg = self.config
-        k = {"wqkv": cfg.dim, "wo": cfg.q_dim, "w13": cfg.dim, "w2": cfg.ffn_dim}
-        sizes = [_part_floats(T, k[name], s[5] - s[4]) for name, mat in self._mats.items() for segs in mat.segments
-                 for s in segs]
-        return max(sizes + [_part_floats(R, cfg.dim, s[5] - s[4]) for s in self._output.layer(None)])
+        """`_mm`'s buffer for a pass of T tokens and R logits rows."""
+        return max(_part_need(T, self._shapes), _part_need(R, self._out_shapes))
 
     def _mm(self, ws: _Workspace, x, mat: _Matrix, li, out) -> None:
         _mm(self.dev, x, mat.layer(li), out, ws.part)
