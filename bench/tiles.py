@@ -52,7 +52,7 @@ def run(x, w, n_out, out, nth):
             for u in range(th * U // nth, (th + 1) * U // nth):
                 span(x, 0, T, w, (u // 2) * K * 64 + (u % 2) * 32, u * 32, n_out, out)
         return
-    C = split_chunks(T, G, nth, ROWS, CHUNK)
+    C = split_chunks(T, G, nth, ROWS, CHUNK, 3 if BUFFERED else 1)
     for job in prange(G * C):
         g = job // C
         ta, tb = chunk_range(T, C, job % C, ROWS)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tinydet.backends.cpu import layout, loaders
-from tinydet.backends.cpu.matmul import MM_GLU, matmul, mm
+from tinydet.backends.cpu.matmul import MM_GLU, chunk_range, matmul, mm, split_chunks
 from tinydet.backends.cpu.ops import GELU_TANH, glu_rows
 
 SHAPES = [(960, 576), (576, 200), (100, 70), (33, 64)]  # 15, 9 and 2 panels; partial panels; K % 64 != 0
@@ -39,6 +39,26 @@ def test_few_rows_is_the_fp16_decode_batch():
     assert loaders.HALF_WIDEN == 16
     assert [t for t in range(1, 40) if _few(np.zeros((1, 64, 64), np.uint16), t)] == list(range(1, 16))
     assert not any(_few(np.zeros((1, 64, 64), np.float32), t) for t in range(1, 40))
+
+
+@pytest.mark.parametrize("tile, chunk_tiles, min_tiles", [(6, 16, 3), (4, 8, 1), (8, 16, 3)])
+def test_split_covers_every_row_once_and_keeps_converted_groups_whole(tile, chunk_tiles, min_tiles):
+    """Chunks tile [0, T) in order, none empty; a chunk beyond the fewest that hold `chunk_tiles` tiles
+    each is added only to even out the threads and only while chunks keep `min_tiles` tiles; so 8
+    decoding sequences over 9 groups of a buffered (dequantized) storage are 9 jobs, not 18."""
+    for T in range(1, 200):
+        n_tiles = -(-T // tile)
+        for G in (1, 2, 9, 15, 48):
+            for nth in (1, 2, 3, 4):
+                C = split_chunks(T, G, nth, tile, chunk_tiles, min_tiles)
+                least = -(-n_tiles // chunk_tiles)
+                assert least <= C <= max(least, n_tiles // min_tiles), (T, G, nth, C)
+                assert C == least or (C * G) % nth == 0
+                spans = [chunk_range(T, C, c, tile) for c in range(C)]
+                assert spans[0][0] == 0 and spans[-1][1] == T and all(a < b for a, b in spans)
+                assert all(spans[c][1] == spans[c + 1][0] for c in range(C - 1))
+    assert split_chunks(8, 9, 2, 6, 16, 3) == 1  # buffered: one conversion per group
+    assert split_chunks(8, 9, 2, 4, 8, 1) == 2  # read from memory: rows split for an even share
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")

@@ -12,7 +12,8 @@ A storage type provides, to the shared drivers:
                       few_rows(W, T) (a batch of a few decoding sequences on fp16 panels)
   prefill_group(...)  tokens ta .. tb times group g (prefill: quantized panels are dequantized, and
                       fp16 panels widened, once into a float32 buffer, then tiled like float panels)
-  tiling(W, T)        (tokens per tile, tiles per job) for T tokens: only the split of work
+  tiling(W, T)        (tokens per tile, tiles per job, fewest tiles per job) for T tokens: only the
+                      split of work
   layer(W, li)        layer li of a matrix kind stacked over layers
 """
 
@@ -73,14 +74,18 @@ def tiling(w, T):
 
 @overload(tiling)
 def _tiling(w, T):
-    # fp32 panels are read from memory (`tiles.SHAPES` "direct"): 8 tiles per job. A dequantized pair,
-    # or an fp16 panel widened, sits in a cache-resident buffer ("buffered"): up to 16 tiles per job so
-    # that each panel is converted once for many tokens.
+    # fp32 panels are read from memory (`tiles.SHAPES` "direct"): 8 tiles per job, and a job as small
+    # as one tile where that evens out the threads' share (a second reader of a panel finds it in the
+    # shared cache). A dequantized pair, or an fp16 panel widened, sits in a cache-resident buffer
+    # ("buffered"): up to 16 tiles per job so that each panel is converted once for many tokens, and
+    # no job under 3 tiles, since each job converts its group again (8 decoding sequences, AVX2 build,
+    # Q4_1: the 9 groups of wo and down as 9 jobs of 8 rows, not 18 of 6 or 2, 0.91-0.92x the time;
+    # fp32's 8-row jobs 1.05x the time of two of 4 rows).
     if isinstance(w, types.BaseTuple) or w.dtype == types.uint16:
         buffered = rows_for("buffered")
-        return lambda w, T: (buffered(T), 16)
+        return lambda w, T: (buffered(T), 16, 3)
     direct = rows_for("direct")
-    return lambda w, T: (direct(T), 8)
+    return lambda w, T: (direct(T), 8, 1)
 
 
 def few_rows(w, T):

@@ -30,16 +30,16 @@ MM_PLAIN, MM_RESIDUAL, MM_GLU = 0, 1, 2
 
 
 @njit(cache=True)
-def split_chunks(T, G, nth, tile, chunk_tiles):
+def split_chunks(T, G, nth, tile, chunk_tiles, min_tiles):
     """Token chunks per column of G jobs (output groups) for T tokens in tiles of `tile`: about
-    `chunk_tiles` tiles each and, where it is cheap, a job count the nth threads share evenly. Only the
-    split of work depends on it, never any output's arithmetic."""
+    `chunk_tiles` tiles each and, where chunks keep `min_tiles` tiles, a job count the nth threads
+    share evenly. Only the split of work depends on it, never any output's arithmetic."""
     if T == 1:
         return 1
     n_tiles = (T + tile - 1) // tile
     c = (n_tiles + chunk_tiles - 1) // chunk_tiles
     for extra in range(nth):
-        if c + extra <= n_tiles and ((c + extra) * G) % nth == 0:
+        if (c + extra) * min_tiles <= max(n_tiles, c * min_tiles) and ((c + extra) * G) % nth == 0:
             return c + extra
     return c
 
@@ -80,8 +80,8 @@ def mm(x, w, n_out, out, nth, mode, res, act, kind):
             _epilogue(out, 0, T, u0 * HALF, u1 * HALF, n_out, mode, res, act, kind)
     else:
         G = groups(w) // parts
-        tile, chunk_tiles = tiling(w, T)
-        C = split_chunks(T, G, nth, tile, chunk_tiles)
+        tile, chunk_tiles, min_tiles = tiling(w, T)
+        C = split_chunks(T, G, nth, tile, chunk_tiles, min_tiles)
         for job in prange(G * C):
             g = job // C
             ta, tb = chunk_range(T, C, job % C, tile)
