@@ -8,8 +8,9 @@ fp32's bits (each weight is dequantized to exactly the float32 value fp32 stores
 
 Work split (never a sum): one token (decode), or a few on fp16 panels (a batch of decoding sequences,
 `loaders.few_rows`), gives each of the nth threads an equal run of 32-output units; more tokens give
-jobs of (a group of 64 outputs, a chunk of token tiles). After its outputs, a job applies the epilogue
-to them, in the same parallel region:
+jobs of (a group of 64 outputs, a chunk of token tiles), each thread an equal run of them, and the
+groups left over from an even share split by rows, a part for each thread. After its outputs, a job
+applies the epilogue to them, in the same parallel region:
   MM_PLAIN     nothing more;
   MM_RESIDUAL  res += out (each output added by the thread that computed it);
   MM_GLU       out holds [gate | up] (n_out = 2 ffn_dim, ffn_dim % 64 == 0): act = f(gate) * up with
@@ -82,12 +83,22 @@ def mm(x, w, n_out, out, nth, mode, res, act, kind):
         G = groups(w) // parts
         tile, chunk_tiles, min_tiles = tiling(w, T)
         C = split_chunks(T, G, nth, tile, chunk_tiles, min_tiles)
-        for job in prange(G * C):
-            g = job // C
-            ta, tb = chunk_range(T, C, job % C, tile)
-            for part in range(parts):
-                prefill_group(x, w, g + part * G, ta, tb, n_out, out)
-            _epilogue(out, ta, tb, g * LANES, g * LANES + LANES, n_out, mode, res, act, kind)
+        # Where the G C jobs do not share out evenly, the last r groups are not chunked but split by
+        # rows, a part for each thread (each part converts the group again, once).
+        r = G % nth if (G * C) % nth else 0
+        per = (G - r) * C // nth
+        for th in prange(nth):
+            for j in range(per + r):
+                if j < per:
+                    g = (th * per + j) // C
+                    ta, tb = chunk_range(T, C, (th * per + j) % C, tile)
+                else:
+                    g = G - r + j - per
+                    ta, tb = chunk_range(T, nth, th, 1)
+                if ta < tb:
+                    for part in range(parts):
+                        prefill_group(x, w, g + part * G, ta, tb, n_out, out)
+                    _epilogue(out, ta, tb, g * LANES, g * LANES + LANES, n_out, mode, res, act, kind)
 
 
 def _f32_2d(a, what):
