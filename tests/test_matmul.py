@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tinydet.backends.cpu import layout, loaders
-from tinydet.backends.cpu.matmul import MM_GLU, chunk_range, matmul, mm, split_chunks
+from tinydet.backends.cpu.matmul import MM_GLU, MM_PLAIN, chunk_range, matmul, mm, scratch, split_chunks
 from tinydet.backends.cpu.ops import GELU_TANH, glu_rows
 
 SHAPES = [(960, 576), (576, 200), (100, 70), (33, 64)]  # 15, 9 and 2 panels; partial panels; K % 64 != 0
@@ -61,6 +61,32 @@ def test_split_covers_every_row_once_and_keeps_converted_groups_whole(tile, chun
     assert split_chunks(8, 9, 2, 4, 8, 1) == 2  # read from memory: rows split for an even share
 
 
+def test_a_product_converts_into_one_scratch_not_a_buffer_per_job():
+    """Every job of the many-row path converts its group into its thread's row of the caller's
+    `scratch`, so what a product allocates (numba's parallel launch) does not grow with its jobs. A
+    buffer of its own per job (150-400 KB in a model) was mapped and unmapped by the OS for every job
+    wherever glibc's mmap threshold is fixed (MALLOC_TRIM_THRESHOLD_ set: a step of 8 decoding
+    sequences, Q4_1, took 5.8x the time)."""
+    from numba.core.runtime import _nrt_python, rtsys
+
+    if not hasattr(_nrt_python, "memsys_enable_stats"):
+        pytest.skip("this numba cannot count its runtime's allocations")
+    _nrt_python.memsys_enable_stats()
+    rng = np.random.default_rng(11)
+    w = layout.pack_panels(rng.standard_normal((576, 256)).astype(np.float16).view(np.uint16))  # widened
+    wbuf = scratch(2, 256)
+    counts = {}
+    for T in (16, 64, 200):  # 9 groups: 9 to 36 jobs
+        x = rng.standard_normal((T, 256)).astype(np.float32)
+        out = np.empty((T, 576), np.float32)
+        for nth in (1, 2):
+            mm(x, w, 576, out, nth, MM_PLAIN, out, out, 0, wbuf)  # compiled
+            before = rtsys.get_allocation_stats().alloc
+            mm(x, w, 576, out, nth, MM_PLAIN, out, out, 0, wbuf)
+            counts[T, nth] = rtsys.get_allocation_stats().alloc - before
+    assert len(set(counts.values())) == 1, counts
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_fp16_panels_equal_fp32_panels_and_each_row_alone(shape, restore_threads):
     n, k = shape
@@ -92,7 +118,7 @@ def test_fp16_gated_epilogue_equals_glu_of_the_product():
 
     @numba.njit
     def fused(x, w, n, out, act, nth):
-        mm(x, w, n, out, nth, MM_GLU, out, act, GELU_TANH)
+        mm(x, w, n, out, nth, MM_GLU, out, act, GELU_TANH, scratch(nth, x.shape[1]))
 
     for T in (2, 5, 8, 13, 20):
         x = rng.standard_normal((T, k)).astype(np.float32)

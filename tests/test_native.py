@@ -19,7 +19,7 @@ from tinydet.formats.ggml import GGML_TYPE_IDS, GGML_TYPES
 from tinydet.formats.gguf import GGUFFile
 from tinydet.formats.gguf_model import rope_row_order
 from tinydet.backends.cpu import layout, loaders, simd
-from tinydet.backends.cpu.matmul import MM_GLU, MM_PLAIN, matmul, mm
+from tinydet.backends.cpu.matmul import MM_GLU, MM_PLAIN, matmul, mm, scratch
 from tinydet.backends.cpu.ops import SILU, glu_rows
 from tinydet.formats.dequant import dequantize
 
@@ -319,7 +319,7 @@ def test_jitted_entry_points():
     types and gives matmul's bits."""
     @numba.njit
     def run(x, w, li, n, out, nth, mode, kind):  # ints as arguments: matmul's specialization of mm
-        mm(x, loaders.layer(w, li), n, out, nth, mode, out, out, kind)
+        mm(x, loaders.layer(w, li), n, out, nth, mode, out, out, kind, scratch(nth, x.shape[1]))
 
     rng = np.random.default_rng(5)
     for name in NATIVE:
@@ -639,7 +639,7 @@ def mixed_segment(name: str, rows: int, k: int, seed: int):
 
 @numba.njit
 def _mixed_mm(x, w, li, n, out, nth, mode, act, kind):
-    mm(x, loaders.layer(w, li), n, out, nth, mode, out, act, kind)
+    mm(x, loaders.layer(w, li), n, out, nth, mode, out, act, kind, scratch(nth, x.shape[1]))
 
 
 MIXED = {

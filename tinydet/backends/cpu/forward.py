@@ -24,7 +24,7 @@ from numba.core.errors import NumbaWarning
 
 from ..base import OPS
 from .loaders import embed_rows, layer
-from .matmul import MM_GLU, MM_PLAIN, MM_RESIDUAL, mm
+from .matmul import MM_GLU, MM_PLAIN, MM_RESIDUAL, mm, scratch
 from .ops import add_bias, add_rows, attention, glu_rows, rmsnorm, rope_store, scale_rows, softcap, widen_rows
 from .simd import LANES
 
@@ -49,12 +49,12 @@ def _see(hook, li, op, pos, slot, a, c0, c1):
 
 
 @njit(cache=True, inline="always")
-def _project(x, w, li, n_out, out, res, post, eps, nth, hook, op, post_op, res_op, pos, slot):
+def _project(x, w, li, n_out, out, res, post, eps, nth, wbuf, hook, op, post_op, res_op, pos, slot):
     """out = x W[li]^T, then res += out, with a post-norm of out first where the model has one."""
     if hook == 0 and post.shape[1] == 0:
-        mm(x, layer(w, li), n_out, out, nth, MM_RESIDUAL, res, res, 0)
+        mm(x, layer(w, li), n_out, out, nth, MM_RESIDUAL, res, res, 0, wbuf)
     else:
-        mm(x, layer(w, li), n_out, out, nth, MM_PLAIN, out, out, 0)
+        mm(x, layer(w, li), n_out, out, nth, MM_PLAIN, out, out, 0, wbuf)
         _see(hook, li, op, pos, slot, out, 0, n_out)
         if post.shape[1]:
             rmsnorm(out, post[li], eps, out)
@@ -89,6 +89,7 @@ def forward(ids, pos, slot, rows, w, k_cache, v_cache, cos, sin, layer_rope, win
     proj = np.empty((T, dim), np.float32)
     gu = np.empty((T, 2 * ffn_dim), np.float32)
     a = np.empty((T, ffn_dim), np.float32)
+    wbuf = scratch(nth, max(dim, q_dim, ffn_dim))
     embed_rows(table, ids, x)
     if embed_scale != 0:
         scale_rows(x, embed_scale)
@@ -98,7 +99,7 @@ def forward(ids, pos, slot, rows, w, k_cache, v_cache, cos, sin, layer_rope, win
         vc = v_cache[li]
         rmsnorm(x, attn_norm[li], eps, h)
         _see(hook, li, ATTN_NORM, pos, slot, h, 0, dim)
-        mm(h, layer(wqkv, li), n_qkv, qkv, nth, MM_PLAIN, qkv, qkv, 0)
+        mm(h, layer(wqkv, li), n_qkv, qkv, nth, MM_PLAIN, qkv, qkv, 0, wbuf)
         if bqkv.shape[1]:
             add_bias(qkv, bqkv[li])
         _see(hook, li, Q, pos, slot, qkv, 0, q_dim)
@@ -111,19 +112,19 @@ def forward(ids, pos, slot, rows, w, k_cache, v_cache, cos, sin, layer_rope, win
             _see(hook, li, ROPE_K, pos, slot, widen_rows(kc, slot, pos), 0, kv_dim)  # what the cache holds
         attention(q, kc, vc, pos, slot, n_heads, n_kv_heads, head_dim, attn_scale, windows[li], att)
         _see(hook, li, ATTENTION, pos, slot, att, 0, q_dim)
-        _project(att, wo, li, dim, proj, x, post_attn_norm, eps, nth, hook, ATTN_OUTPUT, POST_ATTN_NORM,
+        _project(att, wo, li, dim, proj, x, post_attn_norm, eps, nth, wbuf, hook, ATTN_OUTPUT, POST_ATTN_NORM,
                  ATTN_RESIDUAL, pos, slot)
         rmsnorm(x, ffn_norm[li], eps, h)
         _see(hook, li, FFN_NORM, pos, slot, h, 0, dim)
         if hook == 0 and ffn_dim % LANES == 0:
-            mm(h, layer(w13, li), 2 * ffn_dim, gu, nth, MM_GLU, gu, a, act)
+            mm(h, layer(w13, li), 2 * ffn_dim, gu, nth, MM_GLU, gu, a, act, wbuf)
         else:
-            mm(h, layer(w13, li), 2 * ffn_dim, gu, nth, MM_PLAIN, gu, gu, 0)
+            mm(h, layer(w13, li), 2 * ffn_dim, gu, nth, MM_PLAIN, gu, gu, 0, wbuf)
             _see(hook, li, GATE, pos, slot, gu, 0, ffn_dim)
             _see(hook, li, UP, pos, slot, gu, ffn_dim, 2 * ffn_dim)
             glu_rows(gu, ffn_dim, a, act)
             _see(hook, li, ACTIVATION, pos, slot, a, 0, ffn_dim)
-        _project(a, w2, li, dim, proj, x, post_ffn_norm, eps, nth, hook, DOWN, POST_FFN_NORM, FFN_RESIDUAL, pos,
+        _project(a, w2, li, dim, proj, x, post_ffn_norm, eps, nth, wbuf, hook, DOWN, POST_FFN_NORM, FFN_RESIDUAL, pos,
                  slot)
     xr = np.empty((rows.shape[0], dim), np.float32)
     pr = np.empty(rows.shape[0], np.int64)
@@ -137,7 +138,7 @@ def forward(ids, pos, slot, rows, w, k_cache, v_cache, cos, sin, layer_rope, win
     _see(hook, -1, FINAL_NORM, pr, sr, hn, 0, dim)
     logits = np.empty((rows.shape[0], n_out), np.float32)
     if rows.shape[0]:
-        mm(hn, w_out, n_out, logits, nth, MM_PLAIN, logits, logits, 0)
+        mm(hn, w_out, n_out, logits, nth, MM_PLAIN, logits, logits, 0, wbuf)
     if logit_cap != 0:
         softcap(logits, n_out, logit_cap)
     _see(hook, -1, LOGITS, pr, sr, logits, 0, n_out)

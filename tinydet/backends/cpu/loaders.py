@@ -300,28 +300,26 @@ def _gemv_units(x, w, n_out, out, u0, u1):
     return lambda x, w, n_out, out, u0, u1: _gemv_at(x, w, 0, n_out, out, u0, u1, 0)
 
 
-def prefill_group(x, w, g, ta, tb, n_out, out):
+def prefill_group(x, w, g, ta, tb, n_out, out, wbuf):
     raise NotImplementedError("prefill_group is for jitted code")
 
 
 @overload(prefill_group)
-def _prefill_group(x, w, g, ta, tb, n_out, out):
+def _prefill_group(x, w, g, ta, tb, n_out, out, wbuf):
     buffered = tiles_for("buffered")
     if _is_mixed(w):
-        def mixed(x, w, g, ta, tb, n_out, out):
+        def mixed(x, w, g, ta, tb, n_out, out, wbuf):
             tab = w[0]
             for s in range(tab.shape[0] - 1):
                 g0 = tab[s, 2] // LANES
                 if tab[s, 0] >= 0 and g0 <= g < (tab[s + 1, 2] + LANES - 1) // LANES:
                     # the group's weights as float32, then the one tiling of every dequantized pair
-                    wbuf = np.empty(x.shape[1] * LANES, np.float32)
                     _mixed_fill(w, tab[s, 0], tab[s, 1], g - g0, wbuf)
                     _mixed_prefetch(w, tab[s, 0], tab[s, 1], g - g0 + 1)  # the next group (`_prefetch_at`)
                     buffered(x, ta, tb, wbuf, 0, g * LANES, min(n_out, tab[s + 1, 2]), out)
         return mixed
     if isinstance(w, types.BaseTuple):
-        def quantized(x, w, g, ta, tb, n_out, out):
-            wbuf = np.empty(x.shape[1] * LANES, np.float32)
+        def quantized(x, w, g, ta, tb, n_out, out, wbuf):
             _seg_fill(w, 0, g, wbuf)  # dequantized (a missing second panel: zeros)
             _seg_prefetch(w, 0, g + 1)  # the next group (`_prefetch_at`)
             buffered(x, ta, tb, wbuf, 0, g * LANES, n_out, out)
@@ -330,16 +328,15 @@ def _prefill_group(x, w, g, ta, tb, n_out, out):
         # fp16 panels: for a prompt's many tokens, the group's panel is widened (exactly) once into a
         # cache-resident float32 buffer instead of at every load of every tile (a batch of a few
         # decoding sequences, under HALF_WIDEN tokens, takes gemv_units instead: `few_rows`).
-        def half(x, w, g, ta, tb, n_out, out):
+        def half(x, w, g, ta, tb, n_out, out, wbuf):
             K = x.shape[1]
-            wbuf = np.empty(K * LANES, np.float32)
             for k in range(K):
                 v_store(wbuf, k * LANES, v_load(w, (g * K + k) * LANES))
             _prefetch_at(w, 0, g + 1)  # the next group
             buffered(x, ta, tb, wbuf, 0, g * LANES, n_out, out)
         return half
     direct = tiles_for("direct")
-    return lambda x, w, g, ta, tb, n_out, out: direct(x, ta, tb, w, g * x.shape[1] * LANES, g * LANES, n_out, out)
+    return lambda x, w, g, ta, tb, n_out, out, wbuf: direct(x, ta, tb, w, g * x.shape[1] * LANES, g * LANES, n_out, out)
 
 
 def layer(w, li):

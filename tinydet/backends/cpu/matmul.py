@@ -64,11 +64,12 @@ def _epilogue(out, ta, tb, n0, n1, n_out, mode, res, act, kind):
 
 
 @njit(parallel=True, cache=True)
-def mm(x, w, n_out, out, nth, mode, res, act, kind):
+def mm(x, w, n_out, out, nth, mode, res, act, kind, wbuf):
     """out[t, n] = sum_k x[t, k] W[n, k] for n < n_out, then the epilogue of `mode` (module docstring);
     `res` and `act` are its arrays (any float32 array where unused), `kind` the GLU's activation
     (ops.SILU or ops.GELU_TANH). x (T, K), out (T, >= n_out): C-contiguous float32; `w` a storage of
-    loaders.py. `nth`, the thread count, only shapes the split of work. No checks (see `matmul`)."""
+    loaders.py. `nth`, the thread count, only shapes the split of work. `wbuf`, from `scratch(nth,
+    >= K)`, holds each thread's group of weights as float32. No checks (see `matmul`)."""
     T = x.shape[0]
     parts = 2 if mode == MM_GLU else 1
     if T == 1 or few_rows(w, T):
@@ -97,8 +98,18 @@ def mm(x, w, n_out, out, nth, mode, res, act, kind):
                     ta, tb = chunk_range(T, nth, th, 1)
                 if ta < tb:
                     for part in range(parts):
-                        prefill_group(x, w, g + part * G, ta, tb, n_out, out)
+                        prefill_group(x, w, g + part * G, ta, tb, n_out, out, wbuf[th])
                     _epilogue(out, ta, tb, g * LANES, g * LANES + LANES, n_out, mode, res, act, kind)
+
+
+@njit(cache=True)
+def scratch(nth, K):
+    """mm's `wbuf` for nth threads and rows of up to K: allocated once per pass, not per job. A job's
+    buffer is 150-400 KB, past glibc's first mmap threshold: wherever that threshold stays fixed (any
+    of MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_ set), each job mapped and
+    unmapped its own pages (a 1024-token prefill, Q4_1: 630,000 page faults and 1.7x the time).
+    Storages read in place never write it, so its pages are never touched."""
+    return np.empty((nth, K * LANES), np.float32)
 
 
 def _f32_2d(a, what):
@@ -137,4 +148,4 @@ def matmul(x, w, n_out, out, res=None, threads: int | None = None) -> None:
     if x.shape[0]:
         nth = numba.get_num_threads() if threads is None else threads
         mm(x, as_storage(w), n_out, out, nth, MM_PLAIN if res is None else MM_RESIDUAL,
-           out if res is None else res, out, 0)
+           out if res is None else res, out, 0, scratch(nth, x.shape[1]))
