@@ -40,7 +40,7 @@ def split_chunks(T, G, nth, tile, chunk_tiles, min_tiles):
     n_tiles = (T + tile - 1) // tile
     c = (n_tiles + chunk_tiles - 1) // chunk_tiles
     for extra in range(nth):
-        if (c + extra) * min_tiles <= max(n_tiles, c * min_tiles) and ((c + extra) * G) % nth == 0:
+        if (extra == 0 or (c + extra) * min_tiles <= n_tiles) and ((c + extra) * G) % nth == 0:
             return c + extra
     return c
 
