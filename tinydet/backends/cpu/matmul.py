@@ -89,6 +89,7 @@ def mm(x, w, n_out, out, nth, mode, res, act, kind, wbuf):
         r = G % nth if (G * C) % nth else 0
         per = (G - r) * C // nth
         for th in prange(nth):
+            buf = wbuf[th, :x.shape[1] * LANES]  # this product's K (a lone last panel zeroes it all)
             for j in range(per + r):
                 if j < per:
                     g = (th * per + j) // C
@@ -98,7 +99,7 @@ def mm(x, w, n_out, out, nth, mode, res, act, kind, wbuf):
                     ta, tb = chunk_range(T, nth, th, 1)
                 if ta < tb:
                     for part in range(parts):
-                        prefill_group(x, w, g + part * G, ta, tb, n_out, out, wbuf[th])
+                        prefill_group(x, w, g + part * G, ta, tb, n_out, out, buf)
                     _epilogue(out, ta, tb, g * LANES, g * LANES + LANES, n_out, mode, res, act, kind)
 
 
