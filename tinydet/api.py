@@ -235,7 +235,8 @@ def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: i
     packed in host memory, then copied), or "cuda-host" (the GPU's kernels emulated on the CPU, slowly)."""
     from .registry import DEFAULT_MODEL
 
-    from .backends.cpu import DTYPES, check_threads
+    from .backends.cpu import DTYPES
+    from .backends.threads import check_threads
 
     if dtype not in DTYPES:
         raise TinydetError(f"dtype: expected one of {', '.join(DTYPES)}, found {dtype!r}")

@@ -1,5 +1,6 @@
-"""Backends: where a model's forward pass runs. `base.py` says what a backend does; `cpu/` is the
-numba CPU backend, `cupy/` the GPU backend (CUDA kernels through CuPy, with the CPU's bits)."""
+"""Backends: where a model's forward pass runs. `base.py` says what a backend does; `threads.py` how
+many host threads it may use; `cpu/` is the numba CPU backend, `cupy/` the GPU backend (CUDA kernels
+through CuPy, with the CPU's bits, packing weights with `cpu/`'s layouts). Nothing here imports upward."""
 
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ContextLengthError, TinydetError
+from .threads import check_threads
 
 # hook(layer or None, op name, positions (n,), slots (n,), rows (n, width) float32): called after
 # each op of the pass with its output rows, which it may change in place (the next op reads them).
@@ -169,8 +170,6 @@ class Backend(ABC):
 
     @threads.setter
     def threads(self, n: int | None) -> None:
-        from .cpu import check_threads  # numba's pool bounds it, whichever device computes
-
         self._threads = check_threads(n)
 
     @abstractmethod

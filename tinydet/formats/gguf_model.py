@@ -14,7 +14,7 @@ import numpy as np
 from .. import arch as archs
 from ..config import ModelConfig, RoPE, rope_refusal
 from ..errors import ModelFormatError
-from . import Checkpoint, Tensor
+from .checkpoint import Checkpoint, Tensor
 from .gguf import GGUFFile
 
 TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.scores",

@@ -24,7 +24,7 @@ from .. import arch as archs
 from ..config import ModelConfig, RoPE, rope_refusal
 from ..errors import ModelFormatError
 from ..tokenizer.hf import CONFIG_FILE, TOKENIZER_FILE, read_hf_tokenizer
-from . import Checkpoint, Tensor
+from .checkpoint import Checkpoint, Tensor
 from .jsonfile import is_int as _is_int
 from .jsonfile import read_json as _read_json
 from .pickles import PICKLE_SUFFIXES, refuse_pickle

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ModelFormatError
-from . import Tensor
+from .checkpoint import Tensor
 from .dequant import dequantize
 from .ggml import BF16, F16, F32
 from .jsonfile import is_int as _is_int

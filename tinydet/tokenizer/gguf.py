@@ -20,7 +20,7 @@ import functools
 import re
 import warnings
 from array import array
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, TypeVar
 
 import numpy as np
 from tokenizers import AddedToken
@@ -29,8 +29,8 @@ from ..errors import ModelFormatError
 from .bpe import _CHAR_TO_BYTE, PRE_TOKENIZERS, hf_byte_level
 from .spm import _BYTE_TOKEN_RE, _SPM, SPIECE_UNDERLINE, hf_spm
 
-if TYPE_CHECKING:
-    from .core import Tokenizer
+# The `Tokenizer` class filled in (core.py's, which calls in here: this module does not import it back).
+T = TypeVar("T")
 
 # A special-token id of 0xFFFFFFFF (uint32 -1) means "none" in GGUF files.
 NULL_TOKEN_ID = 0xFFFFFFFF
@@ -146,7 +146,7 @@ FIM_EOG_TEXTS = {"pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD
                  "sep": ("<|file_sep|>",)}
 
 
-def from_metadata(cls: type[Tokenizer], metadata: dict, path) -> Tokenizer:
+def from_metadata(cls: type[T], metadata: dict, path) -> T:
     """`Tokenizer.from_gguf_metadata`: check `metadata`, then fill in a `cls()`."""
     m = _Meta(metadata, path)
     kind = m.string("tokenizer.ggml.model")

@@ -5,10 +5,18 @@ from __future__ import annotations
 
 import codecs
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from .core import Tokenizer
+
+class _Vocabulary(Protocol):
+    """What a decoder reads of its `Tokenizer` (core.py's, which makes decoders: not imported back)."""
+
+    add_space_prefix: bool
+    _pieces: Sequence[bytes] | None
+
+    def _check_id(self, i: int) -> int: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
 
 
 class StreamDecoder:
@@ -16,7 +24,7 @@ class StreamDecoder:
     never half a UTF-8 character; `flush` returns what is left. The concatenation of everything
     returned equals `Tokenizer.decode` of the pushed ids (after `prefix`, see `Tokenizer.stream`)."""
 
-    def __init__(self, tokenizer: Tokenizer, prefix: Sequence[int] = ()):
+    def __init__(self, tokenizer: _Vocabulary, prefix: Sequence[int] = ()):
         self._tok = tokenizer
         prefix = [tokenizer._check_id(i) for i in prefix]
         if tokenizer._pieces is not None:

@@ -107,24 +107,6 @@ def on_first_compile(callback) -> None:
     event.register("numba:compile", _Once())
 
 
-def default_threads() -> int:
-    """The CPUs this process may use, up to numba's pool size."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except AttributeError:
-        n = os.cpu_count() or 1
-    return max(1, min(n, numba.config.NUMBA_NUM_THREADS))
-
-
-def check_threads(threads: int | None) -> int:
-    if threads is None:
-        return default_threads()
-    limit = numba.config.NUMBA_NUM_THREADS
-    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= limit:
-        raise TinydetError(f"threads: expected an integer from 1 to {limit} (NUMBA_NUM_THREADS), found {threads!r}")
-    return threads
-
-
 class CPUKVCache(KVCache):
     """Values by position, v (layer, slot, capacity, kv_dim); keys with 64 positions side by side,
     k (layer, slot, kv_head, ceil(capacity / 64), head_dim, 64), for attention's vectorized dot

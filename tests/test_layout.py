@@ -1,0 +1,105 @@
+"""The package's layering: no import circle between its modules. Every import statement counts, at module
+level, inside a function (a deferred import is still a dependency) or under TYPE_CHECKING, so that each
+module can be read, tested and moved with only what sits below it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "tinydet"
+
+
+def _modules(root: Path) -> dict[str, Path]:
+    """Dotted module name -> source file, for every .py under `root` (a package's is its __init__.py)."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """module -> the package's modules it imports. `from P import n` names the submodule P.n where one
+    exists, else P itself; importing a submodule's parent packages on the way is not counted (every
+    module does that)."""
+    mods = _modules(root)
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for name, path in mods.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                    base = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    base = node.module or ""
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+            else:
+                continue
+            for t in targets:
+                while t and t not in mods:  # `import tinydet.a.b.c` of an attribute path: its module
+                    t = t.rpartition(".")[0]
+                if t and t != name:
+                    graph[name].add(t)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_the_checker_sees_a_circle(tmp_path):
+    """A deferred import and a TYPE_CHECKING one close circles too; a parent importing its children
+    does not."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from . import a\n")
+    (pkg / "a.py").write_text("def f():\n    from .sub import g\n")
+    (pkg / "sub" / "__init__.py").write_text("from .leaf import g\n")
+    (pkg / "sub" / "leaf.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..a import f\n"
+                                         "def g():\n    pass\n")
+    (pkg / "b.py").write_text("import pkg.sub.leaf\nfrom .sub.leaf import g\n")
+    graph = import_graph(pkg)
+    assert graph["pkg.b"] == {"pkg.sub.leaf"}
+    assert graph["pkg"] == {"pkg.a"}
+    assert circles(graph) == [["pkg.a", "pkg.sub", "pkg.sub.leaf"]]
+
+
+def test_no_import_circle_in_the_package():
+    assert circles(import_graph()) == []
