@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import secrets
 import time
 import uuid
@@ -25,33 +24,11 @@ from ..engine import Request
 from ..errors import ContextLengthError, TinydetError
 from ..hashing import hash_ids, hash_logits
 from ..logprobs import token_logprobs
-from .protocol import APIError, ChatCompletionRequest, CompletionRequest, parse
+from .protocol import APIError, ChatCompletionRequest, CompletionRequest, _dumps, _json, parse, read_body
 from .service import Service
 
-MAX_BODY = 16 << 20  # bytes; a prompt the context can hold is far smaller
 OUTCOMES = {200: "success", 400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "bad_request",
             409: "fingerprint_mismatch", 413: "bad_request", 429: "overloaded", 500: "error", 503: "unavailable"}
-
-
-def _dumps(obj) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-
-
-def _json(obj, status: int = 200, headers: dict | None = None) -> Response:
-    return Response(_dumps(obj), status, headers=headers, media_type="application/json")
-
-
-async def read_body(req: HTTPRequest) -> bytes:
-    """The request's body, at most MAX_BODY bytes (else 413)."""
-    raw = bytearray()
-    try:
-        async for part in req.stream():
-            raw += part
-            if len(raw) > MAX_BODY:
-                raise APIError(413, f"request body: larger than {MAX_BODY >> 20} MiB", code="body_too_large")
-    except ClientDisconnect:
-        raise APIError(400, "the client went away before sending the body") from None
-    return bytes(raw)
 
 
 @dataclass

@@ -36,8 +36,7 @@ from ray.exceptions import RayActorError
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response, StreamingResponse
 
-from .app import _json, read_body
-from .protocol import APIError
+from .protocol import APIError, _json, read_body
 
 log = logging.getLogger("tinydet.serve.cluster")
 
