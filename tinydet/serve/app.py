@@ -62,7 +62,7 @@ class _App:
 
     @staticmethod
     def _pinned(req: HTTPRequest) -> dict:
-        """What a cluster's ingress fixed for this request (`cluster.py`: id, created, seed), so that any
+        """What a cluster's ingress fixed for this request (`cluster/`: id, created, seed), so that any
         replica answers it with the same bytes; empty for a request from a client."""
         return req.scope.get("state", {}).get("pinned") or {}
 
