@@ -1,9 +1,13 @@
 """`tinydet serve`: an OpenAI-compatible HTTP server whose answers do not depend on the load.
 
-  protocol.py  the request bodies (pydantic) and OpenAI's error shape
-  service.py   the model, its engine thread, the determinism canary, the structured log
-  app.py       the HTTP side (Starlette): endpoints, streaming, auth, errors
-  metrics.py   /metrics (prometheus_client)
+  protocol.py   the request bodies (pydantic) read and checked, OpenAI's error shape, JSON answers
+  service.py    the model, its engine thread, the determinism canary, the structured log
+  streaming.py  a request's choices on the engine thread, answered as one JSON body or as SSE
+  responses.py  OpenAI's answer shapes: completions and chat completions, whole and as chunks
+  app.py        the HTTP side (Starlette): the routes, auth and request checks, errors, the request log
+  metrics.py    /metrics (prometheus_client)
+  cluster/      `tinydet serve --ray`: gated replicas on Ray Serve, the ingress, failover, the routing table
+  rollout.py    `tinydet rollout`: deploy, probe, shift traffic, retire, or roll back
 
 Needs the `serve` extra (`pip install "tinydet[serve]"`): Starlette, uvicorn, pydantic, prometheus_client.
 """

@@ -1,8 +1,7 @@
-"""The HTTP side of `tinydet serve`: OpenAI's API on Starlette. It parses, submits to the engine
-thread (`service.py`) and writes the answers; it never computes.
-
-Each choice is one engine request. Its events reach the event loop through a listener the engine
-thread calls; the listener also turns logits rows into log-probabilities there, so rows never cross.
+"""The HTTP side of `tinydet serve`: OpenAI's API on Starlette. Its routes check a request (key, model,
+fingerprint, context), make its choices engine jobs and answer through `streaming.py` in the shapes of
+`responses.py`; it never computes. The middleware writes errors in OpenAI's shape and counts and logs
+each request.
 """
 
 from __future__ import annotations
@@ -10,127 +9,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import secrets
 import time
 import uuid
-from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
-from starlette.requests import ClientDisconnect, Request as HTTPRequest
-from starlette.responses import Response, StreamingResponse
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import Response
 from starlette.routing import Route
 
-from ..engine import Request
 from ..errors import ContextLengthError, TinydetError
-from ..hashing import hash_ids, hash_logits
-from ..logprobs import token_logprobs
-from .protocol import APIError, ChatCompletionRequest, CompletionRequest, parse
+from .protocol import APIError, ChatCompletionRequest, CompletionRequest, _json, parse, read_body
+from .responses import Answers
 from .service import Service
+from .streaming import Runner, _Job
 
-MAX_BODY = 16 << 20  # bytes; a prompt the context can hold is far smaller
 OUTCOMES = {200: "success", 400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "bad_request",
             409: "fingerprint_mismatch", 413: "bad_request", 429: "overloaded", 500: "error", 503: "unavailable"}
-
-
-def _dumps(obj) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-
-
-def _json(obj, status: int = 200, headers: dict | None = None) -> Response:
-    return Response(_dumps(obj), status, headers=headers, media_type="application/json")
-
-
-async def read_body(req: HTTPRequest) -> bytes:
-    """The request's body, at most MAX_BODY bytes (else 413)."""
-    raw = bytearray()
-    try:
-        async for part in req.stream():
-            raw += part
-            if len(raw) > MAX_BODY:
-                raise APIError(413, f"request body: larger than {MAX_BODY >> 20} MiB", code="body_too_large")
-    except ClientDisconnect:
-        raise APIError(400, "the client went away before sending the body") from None
-    return bytes(raw)
-
-
-@dataclass
-class _Job:
-    """One choice: the engine request and what its answer needs."""
-
-    index: int
-    request: Request
-    prompt_text: str
-    top: int | None  # log-probabilities wanted: None = none, else that many alternatives
-    echo: bool = False
-    drop_token: bool = False  # max_tokens 0 with echo: the one token run is not part of the answer
-    # filled from events:
-    text: list[str] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[tuple] = field(default_factory=list)  # (token, logprob, alternatives) per token
-    prompt_logprobs: list[tuple] = field(default_factory=list)
-    result: object = None
-    offset: int = 0  # characters streamed so far (completions' text_offset)
-
-
-class _Listener:
-    """Runs on the engine thread: turns one choice's events into small messages on the loop's queue."""
-
-    def __init__(self, app: "_App", job: _Job, queue: asyncio.Queue, loop, t_arrival: float):
-        self.app, self.job, self.queue, self.loop = app, job, queue, loop
-        self.t_arrival, self.t_prev = t_arrival, None
-        self.next_prompt = 1  # the prompt token the next prompt row predicts
-
-    def __call__(self, handle, ev) -> None:
-        try:
-            msg = self._message(handle, ev)
-        except Exception as e:  # noqa: BLE001 - the request fails with it (500), the engine goes on
-            handle.cancel()
-            msg = ("error", self.job.index, e)
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, msg)
-
-    def _message(self, handle, ev) -> tuple:
-        job, m = self.job, self.app.service.metrics
-        if ev is None:
-            msg = ("error", job.index, handle.error)
-        elif ev.prompt_rows is not None:
-            ids, out = job.request.prompt_ids, []
-            for row in ev.prompt_rows:
-                tok = ids[self.next_prompt]
-                out.append((tok, *token_logprobs(row, tok, job.top or 0)))
-                self.next_prompt += 1
-            msg = ("prompt", job.index, out)
-        else:
-            now = time.perf_counter()
-            if ev.token is not None:
-                m.generation_tokens.inc()
-                if self.t_prev is None:
-                    m.ttft.observe(now - self.t_arrival)
-                else:
-                    m.itl.observe(now - self.t_prev)
-                self.t_prev = now
-            lp = None
-            if ev.token is not None and job.top is not None and not job.drop_token:
-                lp = (ev.token, *token_logprobs(ev.logits, ev.token, job.top))
-            if ev.result is not None:
-                m.e2e.observe(now - self.t_arrival)
-                m.queue_time.observe(ev.result.queue_seconds)
-                if ev.finish_reason != "cancelled":
-                    m.finished.labels(ev.finish_reason).inc()
-            msg = ("token", job.index, (ev.text, ev.token, lp, ev.finish_reason, ev.result))
-        return msg
 
 
 class _App:
     def __init__(self, service: Service):
         self.service = service
-        self._running: set[asyncio.Queue] = set()  # the message queues of requests being answered
-
-    def end_running(self, message: str) -> None:
-        """End every request being answered with `message` as a 503 (in a stream: an error event, then
-        [DONE]); the engine stops their work. On the event loop, when a shutdown's grace runs out."""
-        for queue in self._running:
-            queue.put_nowait(("shutdown", -1, message))
+        self.runner = Runner(service)  # answers requests, ends them at a shutdown
+        self.answers = Answers(service)
 
     # -- shared checks ----------------------------------------------------------------------------
 
@@ -160,7 +62,7 @@ class _App:
 
     @staticmethod
     def _pinned(req: HTTPRequest) -> dict:
-        """What a cluster's ingress fixed for this request (`cluster.py`: id, created, seed), so that any
+        """What a cluster's ingress fixed for this request (`cluster/`: id, created, seed), so that any
         replica answers it with the same bytes; empty for a request from a client."""
         return req.scope.get("state", {}).get("pinned") or {}
 
@@ -207,151 +109,6 @@ class _App:
                 jobs.append(_Job(p * body.n + i, r, text, top, echo, drop_token=n_new == 0))
         return jobs, seed
 
-    async def _run(self, req: HTTPRequest, body, jobs: list[_Job], seed: int, render_chunk, render_final):
-        """Submit the jobs and answer: a JSON body, or SSE chunks as tokens arrive."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
-        t_arrival = req.state.t_arrival
-        listeners = [_Listener(self, j, queue, loop, t_arrival) for j in jobs]
-        handles = self.service.submit([j.request for j in jobs], listeners)
-        self._running.add(queue)
-        req.state.log["prompt_tokens"] = [len(j.request.prompt_ids) for j in jobs[::body.n]]
-        live = {j.index for j in jobs}
-        by_index = {j.index: j for j in jobs}
-
-        def cancel_all():
-            for h in handles:
-                if not h.finished:
-                    h.cancel()
-
-        async def next_message(poll: bool):
-            while True:
-                try:
-                    return await asyncio.wait_for(queue.get(), 0.5 if poll else None)
-                except asyncio.TimeoutError:
-                    if await req.is_disconnected():
-                        raise ClientDisconnect() from None
-
-        def take(msg) -> tuple[_Job, tuple | None]:
-            """Record a message on its job: (the job, the token message's data, or None for prompt rows)."""
-            kind, index, data = msg
-            if kind == "shutdown":
-                raise APIError(503, data, type="server_error", code="server_shutdown")
-            job = by_index[index]
-            if kind == "error":
-                raise APIError(500, f"the engine failed on this request: {type(data).__name__}: {data}",
-                               type="server_error", code="engine_error")
-            if kind == "prompt":
-                job.prompt_logprobs.extend(data)
-                return job, None
-            text, tok, lp, reason, result = data
-            if tok is not None and not job.drop_token:
-                job.tokens.append(tok)
-                job.text.append(text)
-                if lp is not None:
-                    job.logprobs.append(lp)
-            if reason is not None:
-                job.result = result
-                live.discard(index)
-            return job, data
-
-        # Streaming waits for the first message only before answering, so a request that fails at
-        # once gets its error status rather than a 200 stream.
-        streaming = False
-        try:
-            first = take(await next_message(poll=True))
-            while live and not body.stream:
-                take(await next_message(poll=True))
-            streaming = body.stream
-        except ClientDisconnect:
-            cancel_all()
-            req.state.log["disconnected"] = True
-            return Response(status_code=499)
-        except BaseException:
-            cancel_all()
-            raise
-        finally:
-            if not streaming:  # a stream's queue stays until the stream ends (events())
-                self._running.discard(queue)
-        if not body.stream:
-            self._log_choices(req, jobs)
-            return _json(render_final(jobs, seed))
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-
-        async def events():
-            started, failed = set(), False
-            try:
-                job, data = first
-                while True:
-                    if data is not None:  # a token message (prompt rows have no chunk of their own)
-                        for chunk in render_chunk(job, data, started, seed, include_usage):
-                            yield f"data: {_dumps(chunk)}\n\n"
-                    if not live:
-                        break
-                    try:
-                        job, data = take(await next_message(poll=False))
-                    except APIError as e:  # after the 200: the error goes into the stream
-                        yield f"data: {_dumps(e.body())}\n\n"
-                        req.state.log.update(error=e.message, outcome="error")
-                        failed = True
-                        live.clear()
-                        break
-                if not failed:
-                    if include_usage:
-                        yield f"data: {_dumps(render_final(jobs, seed, usage_only=True))}\n\n"
-                    self._log_choices(req, jobs)
-                yield "data: [DONE]\n\n"
-            finally:  # the client left (or the stream ended): nothing of this request runs on
-                if live:
-                    req.state.log["disconnected"] = True
-                cancel_all()
-                self._running.discard(queue)
-                req.state.log_done()
-
-        req.state.log_deferred = True
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-    def _log_choices(self, req: HTTPRequest, jobs: list[_Job]) -> None:
-        req.state.log["choices"] = [
-            {"finish_reason": j.result.finish_reason, "completion_tokens": len(j.tokens),
-             "output_hash": j.result.output_hash, "logits_hash": j.result.logits_hash,
-             "prompt_hash": hash_ids(j.request.prompt_ids), "cached_tokens": j.result.cached_tokens,
-             "seed": j.request.params.seed, "queue_ms": round(1e3 * j.result.queue_seconds, 3),
-             "prefill_ms": round(1e3 * j.result.prefill_seconds, 3),
-             "decode_ms": round(1e3 * j.result.decode_seconds, 3)} for j in jobs]
-
-    # -- shared answer parts ----------------------------------------------------------------------
-
-    def _head(self, obj: str, rid: str, created: int, seed: int) -> dict:
-        return {"id": rid, "object": obj, "created": created, "model": self.service.name,
-                "system_fingerprint": self.service.fingerprint, "seed": seed}
-
-    def _extension(self, job: _Job, body) -> dict:
-        """tinydet's fields of a finished choice."""
-        g = job.result
-        out = {"output_hash": g.output_hash, "logits_hash": g.logits_hash}
-        if job.drop_token:
-            out = {"output_hash": hash_ids([]), "logits_hash": hash_logits([])}  # no token is answered
-        if body.return_token_ids:
-            out["token_ids"] = list(job.tokens)
-            out["prompt_token_ids"] = list(job.request.prompt_ids)
-        return out
-
-    def _usage(self, jobs: list[_Job], n: int) -> dict:
-        prompt = sum(len(j.request.prompt_ids) for j in jobs[::n])
-        done = sum(len(j.tokens) for j in jobs)
-        cached = sum(j.result.cached_tokens for j in jobs[::n] if j.result is not None)
-        return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
-                "prompt_tokens_details": {"cached_tokens": cached}}
-
-    def _reason(self, job: _Job) -> str:
-        return "length" if job.drop_token else job.result.finish_reason
-
-    def _token_str(self, tok: int) -> tuple[str, list[int]]:
-        b = self.service.model.tokenizer.token_bytes(tok)
-        return b.decode("utf-8", errors="replace"), list(b)
-
     # -- /v1/completions --------------------------------------------------------------------------
 
     async def completions(self, req: HTTPRequest) -> Response:
@@ -373,63 +130,8 @@ class _App:
         jobs, seed = self._jobs(req, body, prompts, max_tokens, body.logprobs, body.echo, "prompt")
         rid, created = self._ids(req, "cmpl")
 
-        def logprobs(job: _Job, entries: list[tuple], offset: int, with_prompt: bool) -> tuple[dict, int]:
-            """OpenAI's completions logprobs for `entries`, the first at character `offset` of the
-            answer's text; with the prompt, its first token comes first (no log-probability)."""
-            tokens, lps, tops, offsets = [], [], [], []
-            rows = ([(job.request.prompt_ids[0], None, None)] if with_prompt else []) + list(entries)
-            for tok, lp, alts in rows:
-                s, _ = self._token_str(tok)
-                tokens.append(s)
-                lps.append(lp)
-                tops.append(None if alts is None else {self._token_str(a)[0]: alp for a, alp in alts})
-                offsets.append(offset)
-                offset += len(s)
-            return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}, offset
-
-        def final(jobs, seed, usage_only=False):
-            head = self._head("text_completion", rid, created, seed)
-            if usage_only:
-                return {**head, "choices": [], "usage": self._usage(jobs, body.n)}
-            choices = []
-            for j in jobs:
-                text = "".join(j.text)
-                lp = None
-                if j.top is not None:
-                    lp = logprobs(j, j.prompt_logprobs + j.logprobs if j.echo else j.logprobs,
-                                  0 if j.echo else len(j.prompt_text), j.echo)[0]
-                choices.append({"index": j.index, "text": j.prompt_text + text if j.echo else text,
-                                "logprobs": lp, "finish_reason": self._reason(j), **self._extension(j, body)})
-            return {**head, "choices": choices, "usage": self._usage(jobs, body.n)}
-
-        def chunks(job, data, started, seed, include_usage):
-            text, tok, lp, reason, _ = data
-            index = job.index
-            pieces, entries, with_prompt = [], [], False
-            if index not in started:
-                started.add(index)
-                job.offset = 0 if job.echo else len(job.prompt_text)
-                if job.echo:
-                    pieces.append(job.prompt_text)
-                    entries, with_prompt = list(job.prompt_logprobs), True
-            if tok is not None and not job.drop_token:
-                pieces.append(text)
-                if lp is not None:
-                    entries.append(lp)
-            if not pieces and reason is None:
-                return
-            c = {"index": index, "text": "".join(pieces), "logprobs": None, "finish_reason": None}
-            if job.top is not None and (entries or with_prompt):
-                c["logprobs"], job.offset = logprobs(job, entries, job.offset, with_prompt)
-            if reason is not None:
-                c["finish_reason"] = self._reason(job)
-                c.update(self._extension(job, body))
-            out = {**self._head("text_completion", rid, created, seed), "choices": [c]}
-            if include_usage:
-                out["usage"] = None
-            yield out
-
-        return await self._run(req, body, jobs, seed, chunks, final)
+        chunks, final = self.answers.completion(body, rid, created)
+        return await self.runner.run(req, body, jobs, seed, chunks, final)
 
     # -- /v1/chat/completions ---------------------------------------------------------------------
 
@@ -445,62 +147,21 @@ class _App:
         jobs, seed = self._jobs(req, body, [("", ids)], max_tokens, top, False, "messages")
         rid, created = self._ids(req, "chatcmpl")
 
-        def content(entries):
-            out = []
-            for tok, lp, alts in entries:
-                s, b = self._token_str(tok)
-                out.append({"token": s, "logprob": lp, "bytes": b,
-                            "top_logprobs": [dict(zip(("token", "bytes"), self._token_str(a)), logprob=alp)
-                                             for a, alp in alts]})
-            return out
-
-        def final(jobs, seed, usage_only=False):
-            head = self._head("chat.completion", rid, created, seed)
-            if usage_only:
-                return {**self._head("chat.completion.chunk", rid, created, seed), "choices": [],
-                        "usage": self._usage(jobs, body.n)}
-            choices = [{"index": j.index, "message": {"role": "assistant", "content": "".join(j.text)},
-                        "logprobs": {"content": content(j.logprobs)} if j.top is not None else None,
-                        "finish_reason": self._reason(j), **self._extension(j, body)} for j in jobs]
-            return {**head, "choices": choices, "usage": self._usage(jobs, body.n)}
-
-        def chunks(job, data, started, seed, include_usage):
-            text, tok, lp, reason, _ = data
-            index = job.index
-            head = self._head("chat.completion.chunk", rid, created, seed)
-            if include_usage:
-                head["usage"] = None
-            if index not in started:
-                started.add(index)
-                yield {**head, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
-                                            "logprobs": None, "finish_reason": None}]}
-            if text or lp is not None:
-                yield {**head, "choices": [{"index": index, "delta": {"content": text},
-                                            "logprobs": {"content": content([lp])} if lp is not None else None,
-                                            "finish_reason": None}]}
-            if reason is not None:
-                yield {**head, "choices": [{"index": index, "delta": {}, "logprobs": None,
-                                            "finish_reason": self._reason(job), **self._extension(job, body)}]}
-
-        return await self._run(req, body, jobs, seed, chunks, final)
+        chunks, final = self.answers.chat(body, rid, created)
+        return await self.runner.run(req, body, jobs, seed, chunks, final)
 
     # -- the rest ---------------------------------------------------------------------------------
 
-    def _card(self) -> dict:
-        s = self.service
-        return {"id": s.name, "object": "model", "created": s.created, "owned_by": "tinydet",
-                "system_fingerprint": s.fingerprint}
-
     async def models(self, req: HTTPRequest) -> Response:
         self._auth(req)
-        return _json({"object": "list", "data": [self._card()]})
+        return _json({"object": "list", "data": [self.answers.card()]})
 
     async def model(self, req: HTTPRequest) -> Response:
         self._auth(req)
         name = req.path_params["name"]
         if name != self.service.name:
             raise APIError(404, f"model: {name!r} is not served here", param="model", code="model_not_found")
-        return _json(self._card())
+        return _json(self.answers.card())
 
     async def health(self, req: HTTPRequest) -> Response:
         s = self.service
@@ -592,5 +253,5 @@ def create_app(service: Service) -> Starlette:
         Route("/metrics", a.metrics, methods=["GET"]),
     ], exception_handlers={404: not_found, 405: not_found}, lifespan=lifespan)
     app.add_middleware(_Middleware, service=service)
-    app.state.end_running = a.end_running
+    app.state.end_running = a.runner.end_running
     return app

@@ -1,5 +1,5 @@
-"""The OpenAI request bodies `tinydet serve` takes, checked by pydantic (strict: "5" is not 5), and
-OpenAI's error shape.
+"""OpenAI's wire format as `tinydet serve` speaks it: the request bodies it takes, read (at most
+MAX_BODY bytes) and checked by pydantic (strict: "5" is not 5); OpenAI's error shape; JSON answers.
 
 Fields OpenAI defines and tinydet does not implement are refused by name rather than ignored (a
 penalty or a logit bias silently dropped would be a silently different answer); unknown fields are
@@ -10,12 +10,16 @@ refused as OpenAI refuses them. tinydet's own fields: `top_k`, `min_p` (as vLLM 
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from starlette.requests import ClientDisconnect, Request as HTTPRequest
+from starlette.responses import Response
 
 from ..logprobs import MAX_TOP
 
+MAX_BODY = 16 << 20  # bytes; a prompt the context can hold is far smaller
 MAX_N = 16  # choices per prompt
 MAX_STOP = 4  # OpenAI's limit
 SEED_LIMIT = 1 << 64
@@ -32,6 +36,14 @@ class APIError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def _dumps(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def _json(obj, status: int = 200, headers: dict | None = None) -> Response:
+    return Response(_dumps(obj), status, headers=headers, media_type="application/json")
 
 
 class _Body(BaseModel):
@@ -144,6 +156,19 @@ class ChatCompletionRequest(_Sampling):
         if self.top_logprobs is not None and not self.logprobs:
             raise APIError(400, "top_logprobs: needs logprobs set to true", param="top_logprobs")
         return self
+
+
+async def read_body(req: HTTPRequest) -> bytes:
+    """The request's body, at most MAX_BODY bytes (else 413)."""
+    raw = bytearray()
+    try:
+        async for part in req.stream():
+            raw += part
+            if len(raw) > MAX_BODY:
+                raise APIError(413, f"request body: larger than {MAX_BODY >> 20} MiB", code="body_too_large")
+    except ClientDisconnect:
+        raise APIError(400, "the client went away before sending the body") from None
+    return bytes(raw)
 
 
 def parse(cls: type[_Sampling], raw: bytes) -> _Sampling:

@@ -1,7 +1,7 @@
 """What `tinydet serve` runs behind HTTP: the model, loaded in the background; one engine thread that
 owns it and its KV slots; the determinism canary; the structured log.
 
-The HTTP side (`app.py`) only submits requests and reads their events; it never computes.
+The HTTP side (`app.py`, `streaming.py`) only submits requests and reads their events; it never computes.
 """
 
 from __future__ import annotations
