@@ -6,7 +6,8 @@ leaves nothing under its final name (and no temporary directory); a disk that fi
 convert (a write, or the final flush, fsync or rename) is one clear error and leaves no partial file.
 The signals go to real `python -m tinydet` processes, sent once each is seen to be in the phase (its
 imports under way, its model file mapped, its first text printed, its temporary directory or partial
-file written), so no test depends on a guess about timing."""
+file written), so no test depends on a guess about timing, and start as a terminal's foreground job
+does (tests/foreground.py), so that none depends on how the test run itself was started."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import numba
 import pytest
 from click.testing import CliRunner
 
+from foreground import FOREGROUND, tinydet_argv
 from test_registry import (Handler, final_path, isolated, no_leftovers, parts_index, server,  # noqa: F401 (fixtures)
                            url_source, wheel_route, write_manifest)
 from tinydet import registry
@@ -45,8 +47,8 @@ def tinydet_process(args, preexec_fn=None) -> subprocess.Popen:
     """`python -m tinydet ARGS` with this process's environment (the test's cache and manifest
     folders) and numba cache (so that the kernels are not compiled again in a fresh cache)."""
     env = dict(os.environ, NUMBA_CACHE_DIR=numba.config.CACHE_DIR, PYTHONUNBUFFERED="1")
-    return subprocess.Popen([sys.executable, "-m", "tinydet", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env, preexec_fn=preexec_fn)
+    return subprocess.Popen(tinydet_argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, env=env, preexec_fn=preexec_fn)
 
 
 class Output:
@@ -132,12 +134,90 @@ def test_signal_while_importing(name, entry, tmp_path):
     (stub / "numpy.py").write_text(f"import pathlib, time\npathlib.Path({str(mark)!r}).touch()\ntime.sleep(120)\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(stub), *filter(None, [os.environ.get("PYTHONPATH")])]))
     args = ["-m", "tinydet"] if entry == "-m" else _entry_point()
-    proc = subprocess.Popen([sys.executable, *args, "generate", "Once upon a time"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen([*FOREGROUND, sys.executable, *args, "generate", "Once upon a time"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
     wait_for(proc, mark.exists, "numpy was being imported", timeout=60)
     status, err = stop(proc, SIGNALS[name][0])
     check_clean_exit(status, err, name)
     assert err.strip() == SIGNALS[name][2] and proc.stdout.read() == b""
+
+
+def test_sigint_ignored_from_the_start_stays_ignored(tmp_path):
+    """Started with SIGINT ignored, as a script's `cmd &` starts a background job, tinydet leaves it
+    ignored (a background job is not for the terminal's Ctrl-C; Python itself does the same), and
+    SIGTERM still ends it at once. This is what a test run started with `&` saw: every SIGINT test's
+    process ignored the signal until the test's 120 s ran out."""
+    stub, mark = tmp_path / "stub", tmp_path / "importing numpy"
+    stub.mkdir()
+    (stub / "numpy.py").write_text(f"import pathlib, time\npathlib.Path({str(mark)!r}).touch()\ntime.sleep(120)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(stub), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    background = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                  "os.execv(sys.argv[1], sys.argv[1:])"]
+    proc = subprocess.Popen([*FOREGROUND, *background, sys.executable, "-m", "tinydet", "generate", "Once"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
+    wait_for(proc, mark.exists, "numpy was being imported", timeout=60)
+    proc.send_signal(signal.SIGINT)
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=2)
+    status, err = stop(proc, signal.SIGTERM)
+    check_clean_exit(status, err, "SIGTERM")
+
+
+def _compiling(proc: subprocess.Popen, lines: list[str]) -> None:
+    """Collect the process's stderr lines (a thread) and wait until it says it is compiling kernels."""
+    threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, b"")), daemon=True).start()
+    wait_for(proc, lambda: any(b"compiling kernels" in x for x in lines), "the first compile began")
+
+
+def _signal_and_time(proc: subprocess.Popen, sig: int) -> tuple[int, float]:
+    t0 = time.monotonic()
+    proc.send_signal(sig)
+    try:
+        status = proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"the process did not end within 120 s of signal {sig}")
+    return status, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("name", SIGNALS)
+def test_signal_during_first_compile(name, stories_path, tmp_path):
+    """In an empty kernel cache the first load compiles for a minute or more: the signal comes once the
+    command has said so, and ends it with its line and status."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(tinydet_argv("generate", "Once upon a time", "--model", stories_path), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    lines: list[bytes] = []
+    _compiling(proc, lines)
+    status, _ = _signal_and_time(proc, SIGNALS[name][0])
+    time.sleep(0.2)  # the reader thread's last line
+    err = b"".join(lines).decode()
+    check_clean_exit(status, err, name)
+    assert proc.stdout.read() == b""
+
+
+@pytest.mark.parametrize("name", SIGNALS)
+def test_serve_stops_at_once_while_compiling(name, stories_path, tmp_path):
+    """`tinydet serve` loads and compiles on a background thread while /health says "loading": a
+    signal then stops the server at once, since no request can be running. Before, the stop waited
+    up to 10 s for each of the loading and engine threads (20-22 s measured): this bound is below
+    one such wait, with room for a busy machine."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(tinydet_argv("serve", "--model", stories_path, "--port", "0"), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    lines: list[bytes] = []
+    try:
+        _compiling(proc, lines)
+        status, seconds = _signal_and_time(proc, SIGNALS[name][0])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    time.sleep(0.2)
+    err = b"".join(lines).decode()
+    assert "Traceback" not in err, err
+    # SIGTERM is serve's clean stop (status 0); Ctrl-C is the command's interruption.
+    assert status == (0 if name == "SIGTERM" else 130), (status, err)
+    assert seconds < 8, (seconds, err)
 
 
 # ------------------------------------------------------------------------------ load, generate
@@ -449,7 +529,7 @@ class Terminal:
         attrs[3] = attrs[3] & ~termios.ECHO | termios.NOFLSH  # NOFLSH: Ctrl-C drops no output not yet read
         termios.tcsetattr(slave, termios.TCSANOW, attrs)
         env = dict(os.environ, NUMBA_CACHE_DIR=numba.config.CACHE_DIR, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen([sys.executable, "-m", "tinydet", *map(str, args)], stdin=slave, stdout=slave,
+        self.proc = subprocess.Popen(tinydet_argv(*args), stdin=slave, stdout=slave,
                                      stderr=slave, env=env, start_new_session=True,
                                      preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
         os.close(slave)

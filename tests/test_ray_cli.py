@@ -17,6 +17,7 @@ pytest.importorskip("ray.serve", reason="the ray extra is not installed: pip ins
 openai = pytest.importorskip("openai", reason="the openai client is not installed (the test extra has it)")
 pytestmark = pytest.mark.usefixtures("ray_turn")  # one local Ray cluster at a time (pytest -n)
 
+from foreground import tinydet_argv  # noqa: E402
 from test_ray import _bad_canary, _free_port  # noqa: E402
 
 
@@ -27,8 +28,8 @@ def _tinydet(*args, timeout=300):
 def test_serve_ray_rollout_and_sigterm(stories_path, stories_models, tmp_path):
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "tinydet", "serve", "--ray", "--replicas", "2", "--model",
-                               str(stories_path), "--served-model-name", "stories", "--port", str(port)],
+    server = subprocess.Popen(tinydet_argv("serve", "--ray", "--replicas", "2", "--model",
+                                           str(stories_path), "--served-model-name", "stories", "--port", str(port)),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env={**os.environ, "RAY_ADDRESS": ""})
     try:

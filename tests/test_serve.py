@@ -18,6 +18,7 @@ pytest.importorskip("starlette", reason="the serve extra is not installed: pip i
 openai = pytest.importorskip("openai", reason="the openai client is not installed (the test extra has it)")
 import uvicorn  # noqa: E402
 
+from foreground import tinydet_argv  # noqa: E402
 from tinydet.serve.app import create_app  # noqa: E402
 from tinydet.serve.service import Service  # noqa: E402
 
@@ -628,15 +629,14 @@ def test_cli_serve_sigterm_finishes_running_requests_and_exits_0(stories_path, t
     import re
     import signal
     import subprocess
-    import sys
 
     log = tmp_path / "serve.jsonl"
     env = {**os.environ, "TINYDET_API_KEY": "k3y"}
     # One thread and a long grace: the test's workers share the cores, and with a thread per core and four
     # busy processes beside it this stream ran at 41 tok/s (1,238 of its tokens in the default 30 s grace).
-    proc = subprocess.Popen([sys.executable, "-m", "tinydet", "serve", "--model", str(stories_path), "--port", "0",
+    proc = subprocess.Popen(tinydet_argv("serve", "--model", str(stories_path), "--port", "0",
                              "--threads", "1", "--shutdown-timeout", "600", "--log", str(log),
-                             "--canary-interval", "0"], stderr=subprocess.PIPE, text=True, env=env)
+                             "--canary-interval", "0"), stderr=subprocess.PIPE, text=True, env=env)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
     reader.start()

@@ -80,13 +80,15 @@ class Service:
     def _start(self) -> None:
         try:
             self.model = self.loader()
+            if self._stop.is_set():  # stopped while loading: nothing more to start
+                return
             self.fingerprint = self.model.fingerprint
             self.engine = self.model.engine(self.max_batch, self.prefill_chunk, self.prefix_cache_bytes)
             engine_thread = threading.Thread(target=self._serve, name="tinydet-engine", daemon=True)
             engine_thread.start()
             self._threads.append(engine_thread)
             self._canary = self._canary_cases()
-            if not self.run_canary():
+            if not self.run_canary() and not self._stop.is_set():
                 self._fail("the determinism canary at start gave other hashes than recorded; not taking traffic")
                 return
         except (TinydetError, OSError) as e:
@@ -95,6 +97,8 @@ class Service:
         except Exception as e:  # noqa: BLE001 - the server stays up to say why
             log.exception("loading failed")
             self._fail(f"{type(e).__name__}: {e}")
+            return
+        if self._stop.is_set():
             return
         self.state = "ready"
         self.metrics.ready.set(1)
@@ -118,10 +122,16 @@ class Service:
                 log.exception("a forward pass failed; its requests got an error")
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the engine thread once its current step is done (the HTTP side has drained first)."""
+        """Stop the engine thread once its current step is done (the HTTP side has drained first).
+        While the model still loads there is nothing to drain (every request got a 503): the load, or
+        the first pass compiling kernels for minutes, is not waited for; its daemon threads end with
+        the process (a SIGTERM then stopped the server only after 10 s per thread)."""
         self._stop.set()
         if self.engine is not None:
             self.engine.wake()
+        if self.state == "loading":
+            log.info("stopped while loading")
+            return
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join(timeout)
@@ -184,7 +194,13 @@ class Service:
         ok = True
         handles = [self.engine.submit(self.model.request(**case)) for case, _ in self._canary]
         for i, ((case, want), h) in enumerate(zip(self._canary, handles)):
-            g = h.wait()
+            while True:  # in slices: a stop ends the engine's steps, and this request with them
+                try:
+                    g = h.wait(0.5)
+                    break
+                except TimeoutError:
+                    if self._stop.is_set():
+                        return ok
             got = {"output_hash": g.output_hash, "logits_hash": g.logits_hash}
             self.metrics.canary_runs.inc()
             if want is None:
