@@ -14,11 +14,11 @@ from collections import Counter
 import click
 import numpy as np
 
-from . import __version__
+from .. import __version__
 # The library, before any command runs (`import tinydet` leaves it for first use): bench's load time
 # and memory are the model's alone, as they were.
-from . import api  # noqa: F401
-from .errors import TinydetError
+from .. import api  # noqa: F401
+from ..errors import TinydetError
 
 
 def _progress(label: str):
@@ -85,7 +85,7 @@ no_memory_check_option = click.option(
 
 
 def _check_device(ctx, param, value):
-    from .backends import check_device
+    from ..backends import check_device
 
     try:
         return check_device(value)
@@ -138,8 +138,8 @@ _compile_notice = False  # the notice's listener is registered once per process
 
 
 def _load(model_name, dtype, threads, verify, log_path=None, device="cpu"):
-    from .api import load
-    from .backends.cpu import on_first_compile
+    from ..api import load
+    from ..backends.cpu import on_first_compile
 
     global _compile_notice
     if not _compile_notice:
@@ -290,9 +290,9 @@ def _short(v) -> str:
 @cli_errors
 def info(model_name, verify):
     """Print a model's SHA-256, metadata, configuration and a tensor summary."""
-    from .formats import open_checkpoint
-    from .hashing import file_sha256
-    from .registry import resolve_model, verify_file
+    from ..formats import open_checkpoint
+    from ..hashing import file_sha256
+    from ..registry import resolve_model, verify_file
 
     path = resolve_model(model_name, verify=verify)
     ck = open_checkpoint(path)
@@ -336,9 +336,9 @@ def info(model_name, verify):
 def verify(model_name, prompt, new_tokens, dtypes, no_subprocess, as_json, worker, device):
     """Run the determinism matrix and print a hash per cell; exit 1 on any difference. With a GPU
     --device, the matrix runs there and the CPU backend's run is one more cell that must match."""
-    from .api import load
-    from .registry import DEFAULT_MODEL
-    from .tools.verify import format_table, run_matrix, worker_hash
+    from ..api import load
+    from ..registry import DEFAULT_MODEL
+    from ..tools.verify import format_table, run_matrix, worker_hash
 
     name = model_name or DEFAULT_MODEL
     if worker is not None:  # one baseline cell, for the subprocess runs
@@ -379,7 +379,7 @@ def verify(model_name, prompt, new_tokens, dtypes, no_subprocess, as_json, worke
 @cli_errors
 def trace(model_name, prompt, out_path, dtype, threads, chunk, no_values, device):
     """Record every op's output hash and statistics, per layer and position, as JSON lines."""
-    from .tools.trace import run_trace, write_trace
+    from ..tools.trace import run_trace, write_trace
 
     model = _load(model_name, dtype, threads, False, device=device)
     ids = model.prompt_ids(prompt)
@@ -395,7 +395,7 @@ def trace(model_name, prompt, out_path, dtype, threads, chunk, no_values, device
 @cli_errors
 def diff(a, b, as_json):
     """Name the first op, layer and position where two traces part (exit 1 if they do)."""
-    from .tools.trace import diff_traces, format_diff
+    from ..tools.trace import diff_traces, format_diff
 
     d = diff_traces(a, b)
     click.echo(json.dumps(d) if as_json else format_diff(d))
@@ -415,8 +415,8 @@ def diff(a, b, as_json):
 @cli_errors
 def golden(model_name, check_path, write_path, overwrite, threads, no_native, device):
     """Check or (re)generate golden hashes for a model."""
-    from .tools.golden import check_golden, default_cases, model_loader, n_checked, read_golden, run_cases, write_golden
-    from .registry import resolve_model
+    from ..tools.golden import check_golden, default_cases, model_loader, n_checked, read_golden, run_cases, write_golden
+    from ..registry import resolve_model
 
     if (check_path is None) == (write_path is None):
         raise TinydetError("golden: give exactly one of --check FILE or --write FILE")
@@ -454,8 +454,8 @@ def golden(model_name, check_path, write_path, overwrite, threads, no_native, de
 def bench(model_name, dtype, threads, prompt_tokens, new_tokens, repeats, as_json, device):
     """Prefill and decode speed, first-token latency and peak memory of MODEL on this machine
     (default: the default model)."""
-    from .tools.bench import bench as run_bench
-    from .tools.bench import current_rss_bytes, format_report
+    from ..tools.bench import bench as run_bench
+    from ..tools.bench import current_rss_bytes, format_report
 
     rss0 = current_rss_bytes()
     t0 = time.perf_counter()
@@ -467,7 +467,7 @@ def bench(model_name, dtype, threads, prompt_tokens, new_tokens, repeats, as_jso
 
 def _cluster_module():
     try:
-        from .serve import cluster
+        from ..serve import cluster
     except ImportError as e:
         raise TinydetError(f"--ray needs the ray extra ({e.name} is missing): pip install 'tinydet[ray]'") from None
     return cluster
@@ -479,8 +479,8 @@ def _replica_spec(cluster, model_name, dtype, threads, max_batch, max_queue, pre
     SHA-256, which every replica checks before its gate."""
     from pathlib import Path
 
-    from .hashing import file_sha256
-    from .registry import DEFAULT_MODEL, known_models, resolve_model
+    from ..hashing import file_sha256
+    from ..registry import DEFAULT_MODEL, known_models, resolve_model
 
     name = model_name or DEFAULT_MODEL
     path = resolve_model(name, verify=verify).resolve()
@@ -563,12 +563,12 @@ def serve(model_name, host, port, dtype, threads, max_batch, max_queue, prefill_
         raise TinydetError("--replicas and --ray-address go with --ray")
 
     try:
-        from . import serve as serving
-        from .serve.service import Service
+        from .. import serve as serving
+        from ..serve.service import Service
     except ImportError as e:
         raise TinydetError(f"tinydet serve needs the serve extra ({e.name} is missing): "
                            "pip install 'tinydet[serve]'") from None
-    from .registry import DEFAULT_MODEL, known_models
+    from ..registry import DEFAULT_MODEL, known_models
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     name = model_name or DEFAULT_MODEL
@@ -609,7 +609,7 @@ def rollout(model_name, dtype, threads, max_batch, max_queue, prefill_chunk, pre
     import logging
 
     cluster = _cluster_module()
-    from .serve import rollout as ro
+    from ..serve import rollout as ro
 
     try:
         shares = [float(x) for x in steps.split(",")]
@@ -642,7 +642,7 @@ def rollout(model_name, dtype, threads, max_batch, max_queue, prefill_chunk, pre
         except ro.RolloutFailed as e:
             raise TinydetError(f"rollout failed and was rolled back: {e}") from None
         if record_path:
-            from .formats.jsonfile import write_json
+            from ..formats.jsonfile import write_json
 
             write_json(record_path, out)
         click.echo("dry run: nothing changed" if dry_run else f"rolled out: {out['fingerprint']}")
@@ -660,8 +660,8 @@ def rollout(model_name, dtype, threads, max_batch, max_queue, prefill_chunk, pre
 @cli_errors
 def convert(source, out_dir, dtype, overwrite):
     """Write a GGUF model (a path or a known name) as a Hugging Face directory (safetensors)."""
-    from .tools.convert import convert_gguf_to_hf
-    from .registry import resolve_model
+    from ..tools.convert import convert_gguf_to_hf
+    from ..registry import resolve_model
 
     out = convert_gguf_to_hf(resolve_model(source), out_dir, dtype=dtype, overwrite=overwrite,
                              progress=_progress(source))
@@ -674,7 +674,7 @@ def convert(source, out_dir, dtype, overwrite):
 @cli_errors
 def pull(name, verify):
     """Download a known model into the cache and verify its SHA-256."""
-    from .registry import pull as pull_model
+    from ..registry import pull as pull_model
 
     click.echo(str(pull_model(name, progress=True, verify=verify)))
 
@@ -683,7 +683,7 @@ def pull(name, verify):
 @cli_errors
 def models():
     """List the known models and which are cached."""
-    from .registry import list_models
+    from ..registry import list_models
 
     known = list_models()
     lw = max((len(m["license"]) for m in known), default=0)
@@ -691,7 +691,3 @@ def models():
         where = m["cached"] or "not cached (tinydet pull " + m["name"] + ")"
         click.echo(f"{m['name']:<24} {m['size'] / 1e6:8.1f} MB  {m['license']:<{lw}}  {m['description']}")
         click.echo(f"{'':<24} {where}")
-
-
-if __name__ == "__main__":
-    main()
