@@ -3,7 +3,7 @@
 import os
 import signal
 
-# Until a command's own handling is in place (cli.cli_errors), Ctrl-C and SIGTERM end the process at
+# Until a command's own handling is in place (cli.common.cli_errors), Ctrl-C and SIGTERM end the process at
 # once with cli_errors' line and status: importing NumPy and numba takes about a second, and the
 # defaults there are a KeyboardInterrupt traceback and a silent death. os._exit: nothing needs
 # cleaning up yet, and no library's `except BaseException` around an import can swallow it.

@@ -1,0 +1,152 @@
+"""What every command shares: the error and signal handling (cli_errors), the options common to
+several commands (model_options, sampling_options, device_option, no_memory_check_option) and
+loading a model with a progress line (_load, which the commands reach through loader())."""
+
+from __future__ import annotations
+
+import functools
+import signal
+import sys
+import threading
+
+import click
+
+from ..errors import TinydetError
+
+
+def _progress(label: str):
+    """A stderr progress line for loading, shown only on a terminal."""
+    if not sys.stderr.isatty():
+        return None
+
+    def show(done: int, total: int, name: str) -> None:
+        click.echo(f"\rloading {label}: {done}/{total} tensors {name[:40]:<40}", err=True, nl=False)
+        if done == total:
+            click.echo("", err=True)
+
+    return show
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread like Ctrl-C's KeyboardInterrupt so that the same cleanups
+    run (temporary files deleted, a download's .part kept to resume); not a KeyboardInterrupt, so
+    that the chat's "Ctrl-C stops the reply" does not catch it."""
+
+
+def _terminate(signum, frame):
+    raise Terminated
+
+
+def cli_errors(fn):
+    """Bad input ends in one line on stderr and exit 1; Ctrl-C (exit 130), SIGTERM (exit 143) and a
+    closed pipe end with one line at most, never a traceback."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        on_main = threading.current_thread() is threading.main_thread()  # handlers can only be set there
+        previous = signal.signal(signal.SIGTERM, _terminate) if on_main else None
+        try:
+            return fn(*args, **kwargs)
+        except TinydetError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted", err=True)
+            sys.exit(130)
+        except Terminated:
+            click.echo("\nterminated", err=True)
+            sys.exit(143)
+        except BrokenPipeError:  # e.g. piped into `head`
+            sys.stderr.close()
+            sys.exit(0)
+        finally:
+            if previous is not None:  # None: not the main thread, or a handler set outside Python
+                signal.signal(signal.SIGTERM, previous)
+    return wrapper
+
+
+_memory_check = True  # --no-memory-check turns it off for this process's loads
+
+
+def _no_memory_check(ctx, param, value):
+    global _memory_check
+    _memory_check = not value  # set on every invocation (tests run many in one process)
+
+
+no_memory_check_option = click.option(
+    "--no-memory-check", is_flag=True, expose_value=False, callback=_no_memory_check,
+    help="Load even when the estimated memory needed exceeds what is available (TINYDET_NO_MEMORY_CHECK=1).")
+
+
+def _check_device(ctx, param, value):
+    from ..backends import check_device
+
+    try:
+        return check_device(value)
+    except TinydetError as e:
+        raise click.BadParameter(str(e).partition(": ")[2]) from None
+
+
+device_option = click.option(
+    "--device", default="cpu", show_default=True, callback=_check_device, metavar="cpu|cuda[:N]|cuda-host",
+    help="Where the forward pass runs: the CPU; an NVIDIA GPU through CuPy (the cuda12 or cuda13 extra), with the "
+         "CPU's bits; or cuda-host, the GPU's kernels emulated on the CPU (slow: for checking them without a GPU).")
+
+
+def model_options(fn):
+    for opt in reversed([
+        device_option,
+        no_memory_check_option,
+        click.option("--model", "model_name", default=None,
+                     help="A GGUF file, a Hugging Face directory or a known model name (`tinydet models`). "
+                          "Default: smollm2-135m-instruct, pulled on first use."),
+        click.option("--dtype", type=click.Choice(["fp32", "fp16", "native"]), default="fp32", show_default=True,
+                     help="fp32; fp16 (weights and KV cache as binary16); native (matrices kept as the file stores "
+                          "them, Q8_0/Q4_0/Q4_1 dequantized in the kernels: the bits of fp32)."),
+        click.option("--threads", type=click.IntRange(min=1), default=None, help="Default: the CPUs available."),
+        click.option("--verify", is_flag=True, help="Re-hash a known model's file before use."),
+        click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None,
+                     help="Append one JSON line per request to this file."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def sampling_options(fn):
+    for opt in reversed([
+        click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True),
+        click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 = greedy."),
+        click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off."),
+        click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=1.0, show_default=True),
+        click.option("--min-p", type=click.FloatRange(min=0, max=1), default=0.0, show_default=True),
+        click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True),
+        click.option("--stop", multiple=True, help="Stop when this text appears (repeatable)."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+COMPILE_NOTICE = ("compiling kernels for this machine (once per tinydet version, dtype and weight type; cached "
+                  "afterwards): a minute or two...")
+_compile_notice = False  # the notice's listener is registered once per process
+
+
+def _load(model_name, dtype, threads, verify, log_path=None, device="cpu"):
+    from ..api import load
+    from ..backends.cpu import on_first_compile
+
+    global _compile_notice
+    if not _compile_notice:
+        _compile_notice = True
+        on_first_compile(lambda: click.echo(COMPILE_NOTICE, err=True))
+    return load(model_name, dtype=dtype, threads=threads, progress=_progress(model_name or "default model"),
+                verify=verify, log=log_path, check_memory=None if _memory_check else False, device=device)
+
+
+LOADER = "tinydet.cli._load"  # the click context's meta key under which `main` hands the commands their loader
+
+
+def loader():
+    """What the commands load models with: tinydet.cli._load as `main` found it when this run began
+    (a patch of it there, as the tests make, reaches every command); this module's _load outside a run."""
+    ctx = click.get_current_context(silent=True)
+    return ctx.meta.get(LOADER, _load) if ctx is not None else _load

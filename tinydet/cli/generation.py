@@ -1,0 +1,135 @@
+"""The commands that generate text: generate (one prompt) and chat (a conversation)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import sys
+import threading
+import time
+
+import click
+
+from .. import __version__
+from .common import cli_errors, loader, model_options, sampling_options
+
+
+def _stream(pieces) -> None:
+    for piece in pieces:
+        click.echo(piece, nl=False)
+        sys.stdout.flush()
+    click.echo("")
+
+
+@click.command()
+@click.argument("prompt", default="")
+@model_options
+@sampling_options
+@click.option("--chat", "as_chat", is_flag=True, help="Send PROMPT as a user message through the chat template.")
+@click.option("--system", default=None, help="With --chat: a system message.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
+@cli_errors
+def generate(prompt, model_name, device, dtype, threads, verify, log_path, max_tokens, temperature, top_k, top_p, min_p,
+             seed, stop, as_chat, system, as_json):
+    """Continue PROMPT (empty: start from BOS), streaming the text as it is produced."""
+    model = loader()(model_name, dtype, threads, verify, log_path, device)
+    if as_chat:
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        ids = model.chat_prompt(messages)
+    else:
+        ids = model.prompt_ids(prompt)
+    kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                  min_p=min_p, seed=seed, stop=list(stop))
+    if not as_json:
+        _stream(model.stream(ids, **kwargs))
+        return
+    t0 = time.perf_counter()
+    g = model.generate(ids, **kwargs)
+    total = time.perf_counter() - t0
+    click.echo(json.dumps({
+        "text": g.text,
+        "token_ids": g.token_ids,
+        "prompt_token_ids": g.prompt_token_ids,
+        "finish_reason": g.finish_reason,
+        "output_hash": g.output_hash,
+        "logits_hash": g.logits_hash,
+        "settings": dict(g.settings, chat=as_chat),
+        "model": str(model.path),
+        "model_sha256": model.sha256,
+        "tinydet_version": __version__,
+        "prefill_seconds": g.prefill_seconds,
+        "decode_seconds": g.decode_seconds,
+        "total_seconds": total,
+        "tokens_per_second": g.tokens_per_second,
+    }, ensure_ascii=False))
+
+
+@contextlib.contextmanager
+def _ctrl_c_flag():
+    """While a chat reply is written, Ctrl-C sets the Event yielded instead of raising KeyboardInterrupt
+    wherever the engine happens to be. Raised inside its queue's lock (Queue.put), the interrupt left
+    that lock held and the engine's cleanup waited for it forever (2 hangs in some 200 tries); raised
+    between taking a piece and printing it, it put in the history text never shown (1 in 10). The
+    reply now stops after the piece being written. A second Ctrl-C raises at once: a long prefill
+    yields no piece to stop after."""
+    flag = threading.Event()
+    on_main = threading.current_thread() is threading.main_thread()  # handlers can only be set there
+    if not on_main or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:  # e.g. ignored
+        yield flag
+        return
+
+    def on_ctrl_c(signum, frame):
+        if flag.is_set():
+            raise KeyboardInterrupt
+        flag.set()
+
+    signal.signal(signal.SIGINT, on_ctrl_c)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@click.command()
+@model_options
+@sampling_options
+@click.option("--system", default=None, help="A system message to start the conversation with.")
+@cli_errors
+def chat(model_name, device, dtype, threads, verify, log_path, max_tokens, temperature, top_k, top_p, min_p, seed, stop,
+         system):
+    """Talk with a model through its chat template. History is kept. Ctrl-C while a reply is being
+    written stops it and returns to the prompt (the reply stays in the history as far as it got); an
+    empty line, /exit or Ctrl-D at the prompt ends (Ctrl-C there too, with exit status 130)."""
+    model = loader()(model_name, dtype, threads, verify, log_path, device)
+    messages = [{"role": "system", "content": system}] if system else []
+    kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                  min_p=min_p, seed=seed, stop=list(stop))
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:  # Ctrl-D; Ctrl-C here ends the chat as it ends any command (exit 130)
+            click.echo("")
+            return
+        if not line.strip() or line.strip() in ("/exit", "/quit"):
+            return
+        messages.append({"role": "user", "content": line})
+        parts, stopped = [], False
+        with _ctrl_c_flag() as ctrl_c:  # Ctrl-C stops this reply only, as llama.cpp's and ollama's chats do
+            pieces = model.stream(model.chat_prompt(messages), **kwargs)
+            try:
+                for piece in pieces:
+                    parts.append(piece)
+                    click.echo(piece, nl=False)
+                    sys.stdout.flush()
+                    if ctrl_c.is_set():
+                        stopped = True
+                        break
+            except KeyboardInterrupt:  # a second Ctrl-C
+                stopped = True
+            finally:
+                pieces.close()
+        if stopped:
+            click.echo(" [stopped]", nl=False)
+        click.echo("")
+        messages.append({"role": "assistant", "content": "".join(parts)})
