@@ -142,6 +142,23 @@ def test_signal_while_importing(name, entry, tmp_path):
     assert err.strip() == SIGNALS[name][2] and proc.stdout.read() == b""
 
 
+@pytest.mark.parametrize("name", SIGNALS)
+def test_signal_between_the_imports_and_the_command(name, tmp_path):
+    """After the imports, while click parses and before the command's own handling (cli_errors): a
+    stand-in for `main` that marks that it runs, then waits. Before: the handlers were put back to
+    Python's defaults there (a KeyboardInterrupt traceback, exit 1; SIGTERM's silent death)."""
+    mark = tmp_path / "parsing"
+    code = ("import pathlib, time\nimport tinydet.cli\n"
+            f"def parsing():\n    pathlib.Path({str(mark)!r}).touch()\n    time.sleep(120)\n"
+            "tinydet.cli.main = parsing\nfrom tinydet.__main__ import run\nrun()\n")
+    proc = subprocess.Popen([*FOREGROUND, sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL)
+    wait_for(proc, mark.exists, "main was running", timeout=120)
+    status, err = stop(proc, SIGNALS[name][0])
+    check_clean_exit(status, err, name)
+    assert err.strip() == SIGNALS[name][2]
+
+
 def test_sigint_ignored_from_the_start_stays_ignored(tmp_path):
     """Started with SIGINT ignored, as a script's `cmd &` starts a background job, tinydet leaves it
     ignored (a background job is not for the terminal's Ctrl-C; Python itself does the same), and

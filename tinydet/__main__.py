@@ -3,10 +3,11 @@
 import os
 import signal
 
-# Until a command's own handling is in place (cli.common.cli_errors), Ctrl-C and SIGTERM end the process at
-# once with cli_errors' line and status: importing NumPy and numba takes about a second, and the
-# defaults there are a KeyboardInterrupt traceback and a silent death. os._exit: nothing needs
-# cleaning up yet, and no library's `except BaseException` around an import can swallow it.
+# Outside a command's own handling (cli.common.cli_errors, which puts these back when the command
+# ends), Ctrl-C and SIGTERM end the process at once with cli_errors' line and status: importing NumPy
+# and numba takes about a second, click parses after that, and the defaults there would be a
+# KeyboardInterrupt traceback (or click's "Aborted!", exit 1) and a silent death. os._exit: nothing
+# needs cleaning up yet, and no library's `except BaseException` around an import can swallow it.
 _EARLY = {signal.SIGINT: (130, b"\ninterrupted\n"), signal.SIGTERM: (143, b"\nterminated\n")}
 
 
@@ -18,15 +19,12 @@ def _early_exit(signum, frame):
 
 def run():
     """The `tinydet` command: the signal handlers first, then the imports."""
-    previous = {}
     for sig in _EARLY:
         # Only over the defaults: a signal ignored from the start (nohup, `cmd &`) stays ignored.
         if signal.getsignal(sig) in (signal.default_int_handler, signal.SIG_DFL):
-            previous[sig] = signal.signal(sig, _early_exit)
+            signal.signal(sig, _early_exit)
     from .cli import main
 
-    for sig, handler in previous.items():
-        signal.signal(sig, handler)
     main()
 
 

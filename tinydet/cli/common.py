@@ -39,11 +39,16 @@ def _terminate(signum, frame):
 
 def cli_errors(fn):
     """Bad input ends in one line on stderr and exit 1; Ctrl-C (exit 130), SIGTERM (exit 143) and a
-    closed pipe end with one line at most, never a traceback."""
+    closed pipe end with one line at most, never a traceback. While the command runs, both signals
+    raise in the main thread, so that its cleanups run (a temporary directory deleted, a download's
+    .part kept); before and after, __main__.py's handlers end the process at once."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        on_main = threading.current_thread() is threading.main_thread()  # handlers can only be set there
-        previous = signal.signal(signal.SIGTERM, _terminate) if on_main else None
+        previous = {}
+        if threading.current_thread() is threading.main_thread():  # handlers can only be set there
+            previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _terminate)
+            if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # a background job's stays ignored
+                previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             return fn(*args, **kwargs)
         except TinydetError as e:
@@ -59,8 +64,9 @@ def cli_errors(fn):
             sys.stderr.close()
             sys.exit(0)
         finally:
-            if previous is not None:  # None: not the main thread, or a handler set outside Python
-                signal.signal(signal.SIGTERM, previous)
+            for sig, handler in previous.items():
+                if handler is not None:  # None: a handler set outside Python
+                    signal.signal(sig, handler)
     return wrapper
 
 
