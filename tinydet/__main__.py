@@ -32,7 +32,7 @@ def run():
     sigs = {s for s in _EARLY if signal.getsignal(s) in (signal.default_int_handler, signal.SIG_DFL)}
     for sig in sigs:
         signal.signal(sig, _early_exit)
-    if not sigs or not hasattr(signal, "pthread_sigmask"):
+    if not sigs or not hasattr(signal, "sigtimedwait"):  # Windows and macOS: the handlers alone
         from .cli import main
 
         return main()
