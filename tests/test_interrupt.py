@@ -122,6 +122,15 @@ def _entry_point() -> list[str]:
     return ["-c", f"import sys; from {module} import {attr}; sys.exit({attr}())"]
 
 
+def _slow_numpy(tmp_path):
+    """(an environment, a mark): a stand-in `numpy` on PYTHONPATH that touches the mark once it is being
+    imported, then waits 120 s, so that a signal comes while the imports run."""
+    stub, mark = tmp_path / "stub", tmp_path / "importing numpy"
+    stub.mkdir()
+    (stub / "numpy.py").write_text(f"import pathlib, time\npathlib.Path({str(mark)!r}).touch()\ntime.sleep(120)\n")
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(stub), *filter(None, [os.environ.get("PYTHONPATH")])])), mark
+
+
 @pytest.mark.parametrize("entry", ["-m", "script"])
 @pytest.mark.parametrize("name", SIGNALS)
 def test_signal_while_importing(name, entry, tmp_path):
@@ -129,10 +138,7 @@ def test_signal_while_importing(name, entry, tmp_path):
     runs). A stand-in `numpy` on PYTHONPATH marks that it is being imported, then waits: the signal
     comes at that point, whatever the machine's speed. Before: a KeyboardInterrupt traceback (exit
     1), and SIGTERM's silent death."""
-    stub, mark = tmp_path / "stub", tmp_path / "importing numpy"
-    stub.mkdir()
-    (stub / "numpy.py").write_text(f"import pathlib, time\npathlib.Path({str(mark)!r}).touch()\ntime.sleep(120)\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(stub), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    env, mark = _slow_numpy(tmp_path)
     args = ["-m", "tinydet"] if entry == "-m" else _entry_point()
     proc = subprocess.Popen([*FOREGROUND, sys.executable, *args, "generate", "Once upon a time"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
@@ -166,10 +172,7 @@ def test_sigint_ignored_from_the_start_stays_ignored(tmp_path):
     ignored (a background job is not for the terminal's Ctrl-C; Python itself does the same), and
     SIGTERM still ends it at once. This is what a test run started with `&` saw: every SIGINT test's
     process ignored the signal until the test's 120 s ran out."""
-    stub, mark = tmp_path / "stub", tmp_path / "importing numpy"
-    stub.mkdir()
-    (stub / "numpy.py").write_text(f"import pathlib, time\npathlib.Path({str(mark)!r}).touch()\ntime.sleep(120)\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(stub), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    env, mark = _slow_numpy(tmp_path)
     background = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
                   "os.execv(sys.argv[1], sys.argv[1:])"]
     proc = subprocess.Popen([*FOREGROUND, *background, sys.executable, "-m", "tinydet", "generate", "Once"],
