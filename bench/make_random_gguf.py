@@ -1,0 +1,262 @@
+"""Random-weight GGUF files of real architectures' shapes, for benchmarks at the sizes people run.
+
+    python bench/make_random_gguf.py --shape llama-1b --type Q4_0[,Q8_0,...] [--seed 0] [--pure]
+        [--out-dir /work/cache/bench] [--tokenizer SmolLM2.gguf]
+
+Shapes (`--shape`):
+  llama-1b  Llama-3.2-1B's body: dim 2048, 16 layers, 32 heads / 8 KV heads, head_dim 64, FFN 8192,
+            RoPE theta 500000 with Llama 3's rope_freqs (factor 32), tied embeddings (no output.weight)
+  llama-8b  Llama-3.1-8B's: dim 4096, 32 layers, 32 / 8 heads, head_dim 128, FFN 14336, rope_freqs
+            (factor 8), an untied output.weight
+  tiny      2 layers, dim 256, 4 / 2 heads, FFN 512, untied: for the tests (seconds)
+All take SmolLM2's tokenizer (every `tokenizer.ggml.*` key and the chat template, copied from
+--tokenizer), so the vocabulary is its 49,152 tokens, not Llama 3's 128,256.
+
+Types (`--type`, several comma-separated: the same weights in each): F16 (matrices F16), Q8_0, Q4_0,
+Q4_K_M. The types of the matrices follow llama.cpp's llama-quantize (src/llama-quant.cpp,
+`llama_tensor_get_type`): the output matrix is Q6_K in Q4_0 and Q4_K_M files (Q8_0 stays Q8_0), and so
+is token_embd when the embeddings are tied (it is then the output matrix); in Q4_K_M, attn_v and ffn_down
+are Q6_K in the layers `use_more_bits` picks (the first and last eighth, and every third between), the
+other matrices Q4_K. `--pure` stores every matrix in the base type instead (llama-quantize --pure).
+Norms and rope_freqs are F32.
+
+Weights: N(0, 0.02) in float32 from NumPy's PCG64, seeded per tensor by (--seed, the tensor's name),
+so a tensor's values do not depend on the type or on the other tensors; norms are 1.0. The bytes of a
+file depend on the shape, type and seed alone. Q8_0/Q4_0 are quantized by the `gguf` package, Q4_K/Q6_K
+by bench/quantize.py (a plain min/max rule, NumPy, see there). Each tensor is written in slices of
+rows, so memory stays near 300 MB whatever the size; the file appears under its name only when complete
+(written as NAME.part, then renamed). Names and metadata keys are those llama.cpp's converter writes
+(`llama.*`; Q/K rows are not permuted: with random weights it makes no difference).
+Output: OUT_DIR/{shape}-random.{type}.gguf, e.g. llama-1b-random.Q4_K_M.gguf.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from quantize import quantize  # noqa: E402  (bench/ is not a package)
+
+SMOLLM2 = Path("~/.cache/tinydet/test-models/SmolLM2-135M-Instruct.Q4_1.gguf").expanduser()
+STD = 0.02
+CHUNK = 1 << 22  # values generated and quantized at a time: bounds memory, a multiple of every block size
+
+
+@dataclass(frozen=True)
+class Shape:
+    dim: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    tied: bool
+    rope_factor: float | None  # Llama 3's rope_scaling factor (low 1, high 4, original context 8192)
+    context: int = 131072
+    rope_theta: float = 500000.0
+    eps: float = 1e-5
+
+
+SHAPES = {
+    "llama-1b": Shape(dim=2048, layers=16, heads=32, kv_heads=8, head_dim=64, ffn=8192, tied=True, rope_factor=32.0),
+    "llama-8b": Shape(dim=4096, layers=32, heads=32, kv_heads=8, head_dim=128, ffn=14336, tied=False,
+                      rope_factor=8.0),
+    "tiny": Shape(dim=256, layers=2, heads=4, kv_heads=2, head_dim=64, ffn=512, tied=False, rope_factor=8.0,
+                  context=8192),
+}
+# llama_ftype of general.file_type, and the type of most matrices
+FILE_TYPES = {"F16": (1, "F16"), "Q8_0": (7, "Q8_0"), "Q4_0": (2, "Q4_0"), "Q4_K_M": (15, "Q4_K")}
+
+
+def use_more_bits(i_layer: int, n_layers: int) -> bool:
+    """llama.cpp's choice of the layers whose attn_v / ffn_down get more bits (C's `/` and `%` on
+    non-negative operands, as Python's `//` and `%` for these)."""
+    return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
+
+
+def matrix_type(name: str, layer: int | None, shape: Shape, ftype: str, pure: bool) -> str:
+    """The storage type llama-quantize gives matrix `name` (GGUF name) of a `ftype` file."""
+    base = FILE_TYPES[ftype][1]
+    if base == "F16" or pure:
+        return base
+    if name == "output.weight" or (shape.tied and name == "token_embd.weight"):
+        return base if base == "Q8_0" else "Q6_K"  # every dim here is a multiple of 256
+    if ftype == "Q4_K_M" and name.endswith((".attn_v.weight", ".ffn_down.weight")) \
+            and use_more_bits(layer, shape.layers):
+        return "Q6_K"
+    return base
+
+
+def tensors(shape: Shape, vocab: int, ftype: str, pure: bool) -> list[tuple[str, tuple[int, ...], str]]:
+    """(GGUF name, NumPy-order shape, storage type) of every tensor, in the order written."""
+    d, kv = shape.dim, shape.kv_heads * shape.head_dim
+    out = []
+    if shape.rope_factor is not None:
+        out.append(("rope_freqs.weight", (shape.head_dim // 2,), "F32"))
+    out.append(("token_embd.weight", (vocab, d), matrix_type("token_embd.weight", None, shape, ftype, pure)))
+    for i in range(shape.layers):
+        for part, rows_cols in (("attn_norm", (d,)), ("attn_q", (shape.heads * shape.head_dim, d)),
+                                ("attn_k", (kv, d)), ("attn_v", (kv, d)),
+                                ("attn_output", (d, shape.heads * shape.head_dim)), ("ffn_norm", (d,)),
+                                ("ffn_gate", (shape.ffn, d)), ("ffn_up", (shape.ffn, d)), ("ffn_down", (d, shape.ffn))):
+            name = f"blk.{i}.{part}.weight"
+            out.append((name, rows_cols, "F32" if len(rows_cols) == 1 else matrix_type(name, i, shape, ftype, pure)))
+    out.append(("output_norm.weight", (d,), "F32"))
+    if not shape.tied:
+        out.append(("output.weight", (vocab, d), matrix_type("output.weight", None, shape, ftype, pure)))
+    return out
+
+
+def rope_factors(shape: Shape) -> np.ndarray:
+    """Llama 3's rope_freqs.weight as llama.cpp's converter computes it (LlamaModel, rope_type llama3):
+    per frequency pair, 1 (short wavelengths), the factor (long ones) or a smooth blend between."""
+    factor, low, high, old = shape.rope_factor, 1.0, 4.0, 8192
+    out = []
+    for i in range(0, shape.head_dim, 2):
+        freq = 1.0 / shape.rope_theta ** (np.float32(i) / np.float32(shape.head_dim))
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, np.float32)
+
+
+def stored_bytes(rows_cols: tuple[int, ...], type_name: str) -> int:
+    block, size = gguf_size(type_name)
+    n = math.prod(rows_cols)
+    return n // block * size
+
+
+def gguf_size(type_name: str) -> tuple[int, int]:
+    from gguf.constants import GGML_QUANT_SIZES
+
+    return GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
+
+
+def tensor_slices(name: str, rows_cols: tuple[int, ...], type_name: str, seed: int):
+    """The tensor's stored bytes, slice by slice of rows (arrays to write in order)."""
+    if name == "rope_freqs.weight":
+        raise AssertionError("written by the caller")
+    if len(rows_cols) == 1:  # a norm
+        yield np.ones(rows_cols, np.float32)
+        return
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    rows, cols = rows_cols
+    step = max(1, CHUNK // cols)
+    for r0 in range(0, rows, step):
+        n = min(step, rows - r0)
+        x = rng.standard_normal((n, cols), dtype=np.float32)
+        x *= np.float32(STD)
+        yield quantize(x, type_name)
+
+
+def tokenizer_fields(path: Path) -> list[tuple[str, object, GGUFValueType, GGUFValueType | None]]:
+    """Every tokenizer.ggml.* key and the chat template of a GGUF file, ready for add_key_value."""
+    r = GGUFReader(path)
+    out = []
+    for name, f in r.fields.items():
+        if not (name.startswith("tokenizer.ggml.") or name == "tokenizer.chat_template"):
+            continue
+        vtype = f.types[0]
+        sub = f.types[-1] if vtype == GGUFValueType.ARRAY else None
+        out.append((name, f.contents(), vtype, sub))
+    if not any(n == "tokenizer.ggml.tokens" for n, *_ in out):
+        raise SystemExit(f"{path}: no tokenizer.ggml.tokens: not a file to take a tokenizer from")
+    return out
+
+
+def write(path: Path, shape_name: str, ftype: str, seed: int, pure: bool, tok_fields, log=print) -> None:
+    """Write the file at `path` (through path.part, renamed when complete)."""
+    shape = SHAPES[shape_name]
+    vocab = len(next(v for n, v, *_ in tok_fields if n == "tokenizer.ggml.tokens"))
+    plan = tensors(shape, vocab, ftype, pure)
+    w = GGUFWriter(None, "llama")
+    w.add_type("model")
+    w.add_name(f"random {shape_name} {ftype}" + (" pure" if pure else "") + f" seed {seed}")
+    u32 = GGUFValueType.UINT32
+    for key, value in (("block_count", shape.layers), ("context_length", shape.context),
+                       ("embedding_length", shape.dim), ("feed_forward_length", shape.ffn),
+                       ("attention.head_count", shape.heads), ("attention.head_count_kv", shape.kv_heads)):
+        w.add_key_value(f"llama.{key}", value, u32)
+    w.add_key_value("llama.rope.freq_base", shape.rope_theta, GGUFValueType.FLOAT32)
+    w.add_key_value("llama.attention.layer_norm_rms_epsilon", shape.eps, GGUFValueType.FLOAT32)
+    for key in ("attention.key_length", "attention.value_length", "rope.dimension_count"):
+        w.add_key_value(f"llama.{key}", shape.head_dim, u32)
+    w.add_key_value("general.file_type", FILE_TYPES[ftype][0], u32)
+    w.add_key_value("llama.vocab_size", vocab, u32)
+    for name, value, vtype, sub in tok_fields:
+        w.add_key_value(name, value, vtype, sub)
+    if ftype != "F16":
+        w.add_key_value("general.quantization_version", 2, u32)
+    for name, rows_cols, t in plan:
+        w.add_tensor_info(name, rows_cols, np.dtype(np.float32), stored_bytes(rows_cols, t), GGMLQuantizationType[t])
+    tmp = path.with_name(path.name + ".part")
+    w.write_header_to_file(tmp)
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    align = w.data_alignment
+    total = sum(stored_bytes(rc, t) for _, rc, t in plan)
+    done, t0, last = 0, time.perf_counter(), 0.0
+    with open(tmp, "ab") as f:
+        for name, rows_cols, t in plan:
+            f.write(b"\0" * (-f.tell() % align))
+            start = f.tell()
+            parts = [rope_factors(shape)] if name == "rope_freqs.weight" else tensor_slices(name, rows_cols, t, seed)
+            for a in parts:
+                a.tofile(f)
+            if f.tell() - start != stored_bytes(rows_cols, t):
+                raise AssertionError(f"{name}: wrote {f.tell() - start} bytes, expected {stored_bytes(rows_cols, t)}")
+            done += stored_bytes(rows_cols, t)
+            now = time.perf_counter() - t0
+            if now - last > 5 or done == total:
+                log(f"  {path.name}: {done / 2**30:.2f} of {total / 2**30:.2f} GiB, {now:.0f} s")
+                last = now
+        f.write(b"\0" * (-f.tell() % align))
+    tmp.replace(path)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--shape", required=True, choices=sorted(SHAPES))
+    ap.add_argument("--type", required=True, help=f"comma-separated: {', '.join(FILE_TYPES)}")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pure", action="store_true", help="every matrix in the base type (no Q6_K output, no mix)")
+    ap.add_argument("--out-dir", type=Path, default=Path("/work/cache/bench"))
+    ap.add_argument("--tokenizer", type=Path, default=SMOLLM2, help="GGUF file to copy the tokenizer from")
+    a = ap.parse_args()
+    types = [t.strip().upper() for t in a.type.split(",") if t.strip()]
+    for t in types:
+        if t not in FILE_TYPES:
+            ap.error(f"--type: unknown type {t!r} (one of {', '.join(FILE_TYPES)})")
+    if not 0 <= a.seed < 2**63:
+        ap.error("--seed: expected a non-negative integer")
+    if not a.tokenizer.is_file():
+        ap.error(f"--tokenizer: no file {a.tokenizer}")
+    tok = tokenizer_fields(a.tokenizer)
+    a.out_dir.mkdir(parents=True, exist_ok=True)
+    for t in types:
+        path = a.out_dir / f"{a.shape}-random{'-pure' if a.pure else ''}.{t}.gguf"
+        t0 = time.perf_counter()
+        write(path, a.shape, t, a.seed, a.pure, tok)
+        print(f"{path}  {path.stat().st_size / 2**20:.1f} MiB  {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
