@@ -23,10 +23,12 @@ numbers are medians over the rounds; ratios are tinydet / peer of those medians,
 median of the per-round ratios (steadier when the machine's load drifts between rounds).
 
 Engine specs (`--engines`, comma-separated): NAME[:DTYPE][=MODEL][@SRC]. NAME is tinydet, llama.cpp or
-transformers; DTYPE is tinydet's fp32/fp16/native (default --dtype) or transformers' torch dtype
-fp32/bf16/fp16 (default fp32); llama.cpp computes in the GGUF's own tensor types (its KV cache is F16,
-its default). MODEL is a GGUF file (default --model). SRC, for tinydet, is a source checkout to import
-instead of the installed one (put first on PYTHONPATH), so two versions run side by side:
+transformers; DTYPE is tinydet's fp32/fp16/native or another mode that tinydet has (default --dtype) or
+transformers' torch dtype fp32/bf16/fp16 (default fp32); llama.cpp computes in the GGUF's own tensor
+types (its KV cache is F16, its default; --llama-no-extra-bufts: without its AMX and repacked-weight
+buffers, for machines where they fail). MODEL is a GGUF file (default --model). SRC, for tinydet, is
+a source checkout to import instead of the installed one (put first on PYTHONPATH), so two versions run
+side by side:
 
     python bench/compare.py --model M.gguf --engines tinydet:fp32@/tmp/old,tinydet:fp32
 
@@ -66,6 +68,8 @@ PROMPT_TEXT = (
     "millions of volumes were in circulation. Scholars could compare identical copies, errors could be "
     "corrected in later editions, and new ideas travelled faster than ever before. "
 )
+LLAMA_NO_EXTRA_HELP = ("llama.cpp without its extra CPU buffer types (AMX, and the repacked Q4_0/Q4_K/IQ4_NL "
+                       "layouts): for machines where they fail (SIGILL); slows llama.cpp's quantized products")
 PAUSE_S = 0.3  # between engines: lets the previous engine's spinning worker threads go to sleep
 QUIET = 0.10  # a "quiet" run: other processes took under this share of the machine's CPU meanwhile
 
@@ -122,13 +126,26 @@ def _numba_layer() -> str:
 
 
 class LlamaCppWorker(Worker):
-    def __init__(self, model: str, dtype: str, threads: int, n_ctx: int):
+    def __init__(self, model: str, dtype: str, threads: int, n_ctx: int, extra_bufts: bool = True):
         import llama_cpp
+        import llama_cpp.llama_cpp as lib
         import numpy as np
 
         self.np, self.lc = np, llama_cpp
-        self.llm = llama_cpp.Llama(model_path=model, n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx,
-                                   n_batch=512, verbose=False)
+        defaults = lib.llama_model_default_params
+        if not extra_bufts:  # Llama() takes no such argument: it starts from these defaults
+            def no_extra():
+                p = defaults()
+                p.use_extra_bufts = False
+                return p
+
+            lib.llama_model_default_params = no_extra
+        try:
+            self.llm = llama_cpp.Llama(model_path=model, n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx,
+                                       n_batch=512, verbose=False)
+        finally:
+            lib.llama_model_default_params = defaults
+        self.extra_bufts = extra_bufts
         self.n_vocab = self.llm.n_vocab()
         self.version = llama_cpp.__version__
 
@@ -159,7 +176,7 @@ class LlamaCppWorker(Worker):
     def info(self) -> dict:
         sysinfo = self.lc.llama_print_system_info()
         sysinfo = sysinfo.decode() if isinstance(sysinfo, bytes) else str(sysinfo)
-        return {"version": self.version, "system_info": sysinfo,
+        return {"version": self.version, "system_info": sysinfo, "extra_bufts": self.extra_bufts,
                 "file_type": self.llm.metadata.get("general.file_type")}
 
 
@@ -235,10 +252,10 @@ def worker_main(spec: dict) -> None:
         if engine == "tinydet":
             w = TinydetWorker(model, dtype, threads)
         elif engine == "llama.cpp":
-            w = LlamaCppWorker(model, dtype, threads, spec["n_ctx"])
+            w = LlamaCppWorker(model, dtype, threads, spec["n_ctx"], spec.get("extra_bufts", True))
         else:
             w = TransformersWorker(model, dtype, threads)
-        send({"ok": True, "load_s": time.perf_counter() - t0, "python": sys.executable})
+        send({"ok": True, "load_s": time.perf_counter() - t0, "python": sys.executable, "maxrss_kb": _maxrss_kb()})
     except BaseException as e:  # noqa: BLE001 - reported to the driver
         send({"ok": False, "error": f"{type(e).__name__}: {e}"})
         return
@@ -399,7 +416,8 @@ def parse_engines(text: str | None, a) -> list[dict]:
             raise SystemExit("--engines: llama.cpp takes no dtype: it computes in the file's tensor types "
                              "(give it an F32 or F16 file with =MODEL)")
         dtype = dtype or {"tinydet": a.dtype, "transformers": "fp32", "llama.cpp": ""}[engine]
-        if engine != "llama.cpp" and dtype not in DTYPES[engine]:
+        # tinydet's own modes are its to check (a newer tinydet may have more); a typo fails its load
+        if engine == "transformers" and dtype not in DTYPES[engine] or not re.fullmatch(r"[a-z0-9_]*", dtype):
             raise SystemExit(f"--engines: {engine} dtype {dtype!r}: expected one of {', '.join(DTYPES[engine])}")
         model = model.strip() or a.model
         model = str(Path(model).expanduser().resolve()) if model else None
@@ -473,46 +491,11 @@ def median(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
-def main() -> None:
-    if len(sys.argv) >= 3 and sys.argv[1] == "--worker":
-        worker_main(json.loads(sys.argv[2]))
-        return
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--model", help="GGUF file (the default for every engine)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--prompt-tokens", type=int, default=128)
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "native"], help="tinydet's dtype (default fp32)")
-    ap.add_argument("--engines", help="comma-separated NAME[:DTYPE][=MODEL] (default: tinydet and every "
-                                      "installed peer)")
-    ap.add_argument("--llama-python", help="Python with llama-cpp-python (default: this one)")
-    ap.add_argument("--transformers-python", help="Python with transformers + torch (default: this one)")
-    ap.add_argument("--tinydet-python", help="Python with tinydet (default: this one)")
-    ap.add_argument("--wait-idle", type=float, default=20.0, metavar="S",
-                    help="before each run, wait up to S seconds for the machine to be 85%% idle (0: don't)")
-    ap.add_argument("--retry-contended", type=int, default=3, metavar="N",
-                    help="run again (up to N times) a run during which other processes took 10%% or more of the "
-                         "CPU (0: keep every run)")
-    ap.add_argument("--spin", type=float, default=0.5, metavar="S",
-                    help="each worker busy-waits S seconds, untimed, right before each run (0: don't)")
-    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    a = ap.parse_args()
-    for name in ("threads", "prompt_tokens", "new_tokens", "repeats"):
-        if getattr(a, name) < 1:
-            ap.error(f"--{name.replace('_', '-')}: expected a positive integer")
-    explicit = a.engines is not None
-    if explicit:
-        specs = parse_engines(a.engines, a)
-    else:
-        specs = parse_engines(",".join(ENGINES), a)
-    for s in specs:
-        if not s["model"]:
-            ap.error(f"{s['engine']}: no model (give --model or NAME=MODEL in --engines)")
-    log = (lambda *x: print(*x, file=sys.stderr, flush=True)) if a.json else (lambda *x: print(*x, flush=True))
-
+def start_engines(specs: list[dict], a, n_ctx: int, log) -> tuple[list[EngineProc], dict, list]:
+    """Label each engine, find the Python that runs it, start its worker and load its model, one at a
+    time (an engine whose module does not import, whose file is missing or whose load fails is skipped).
+    Returns (the started engines, label -> load seconds, skipped engines with the reason). Sets
+    `a.git_state` (the code the workers load) and each spec's `load` (the worker's load message)."""
     # label each engine; find the Python that runs it
     for s in specs:
         tag = file_tag(s["model"])
@@ -520,7 +503,7 @@ def main() -> None:
                       "llama.cpp": f"llama.cpp {tag}"}[s["engine"]]
         if s.get("src"):
             s["label"] += f" @{Path(s['src']).name}"
-        s.update(threads=a.threads, n_ctx=a.prompt_tokens + a.new_tokens + 16)
+        s.update(threads=a.threads, n_ctx=n_ctx, extra_bufts=not getattr(a, "llama_no_extra_bufts", False))
     seen = {}
     for s in specs:  # the same engine twice on the same model and dtype: number them
         seen[s["label"]] = seen.get(s["label"], 0) + 1
@@ -556,10 +539,56 @@ def main() -> None:
             e.close()
             continue
         loads[e.label] = msg["load_s"]
+        s["load"] = msg
         log(f"loaded {e.label} in {msg['load_s']:.1f} s ({s['python']})")
         engines.append(e)
     if not engines:
         raise SystemExit("no engine started")
+    return engines, loads, skipped
+
+
+def main() -> None:
+    if len(sys.argv) >= 3 and sys.argv[1] == "--worker":
+        worker_main(json.loads(sys.argv[2]))
+        return
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--model", help="GGUF file (the default for every engine)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--dtype", default="fp32", help="tinydet's dtype: fp32 (default), fp16, native, ...")
+    ap.add_argument("--engines", help="comma-separated NAME[:DTYPE][=MODEL] (default: tinydet and every "
+                                      "installed peer)")
+    ap.add_argument("--llama-python", help="Python with llama-cpp-python (default: this one)")
+    ap.add_argument("--transformers-python", help="Python with transformers + torch (default: this one)")
+    ap.add_argument("--llama-no-extra-bufts", action="store_true", help=LLAMA_NO_EXTRA_HELP)
+    ap.add_argument("--tinydet-python", help="Python with tinydet (default: this one)")
+    ap.add_argument("--wait-idle", type=float, default=20.0, metavar="S",
+                    help="before each run, wait up to S seconds for the machine to be 85%% idle (0: don't)")
+    ap.add_argument("--retry-contended", type=int, default=3, metavar="N",
+                    help="run again (up to N times) a run during which other processes took 10%% or more of the "
+                         "CPU (0: keep every run)")
+    ap.add_argument("--spin", type=float, default=0.5, metavar="S",
+                    help="each worker busy-waits S seconds, untimed, right before each run (0: don't)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    a = ap.parse_args()
+    for name in ("threads", "prompt_tokens", "new_tokens", "repeats"):
+        if getattr(a, name) < 1:
+            ap.error(f"--{name.replace('_', '-')}: expected a positive integer")
+    explicit = a.engines is not None
+    if explicit:
+        specs = parse_engines(a.engines, a)
+    else:
+        specs = parse_engines(",".join(ENGINES), a)
+    for s in specs:
+        if not s["model"]:
+            ap.error(f"{s['engine']}: no model (give --model or NAME=MODEL in --engines)")
+    log = (lambda *x: print(*x, file=sys.stderr, flush=True)) if a.json else (lambda *x: print(*x, flush=True))
+
+    engines, loads, skipped = start_engines(specs, a, a.prompt_tokens + a.new_tokens + 16, log)
     try:
         result = measure(engines, loads, skipped, a, log)
     finally:
@@ -573,48 +602,59 @@ def main() -> None:
         sys.exit(1)
 
 
-def measure(engines: list[EngineProc], loads: dict, skipped: list, a, log) -> dict:
-    # the prompt: fixed English text through the first engine's tokenizer, cut or repeated to length
-    ids = engines[0].call(cmd="tokenize", text=PROMPT_TEXT * 4)["ids"]
+def prompt_ids(engine: EngineProc, n: int) -> list[int]:
+    """The prompt: fixed English text through `engine`'s tokenizer, cut or repeated (without its BOS)
+    to `n` ids."""
+    ids = engine.call(cmd="tokenize", text=PROMPT_TEXT * 4)["ids"]
     body = ids[1:] if len(ids) > 1 else ids
-    while len(ids) < a.prompt_tokens:
+    while len(ids) < n:
         ids = ids + body
-    ids = ids[:a.prompt_tokens]
+    return ids[:n]
+
+
+def _attempt(e: EngineProc, ids: list[int], new_tokens: int, a, log) -> dict:
+    time.sleep(PAUSE_S)
+    waited = wait_idle(a.wait_idle, log)
+    c0 = machine_cpu_s()
+    t0 = time.perf_counter()
+    m = e.call(cmd="run", ids=ids, new_tokens=new_tokens, spin_s=a.spin)
+    wall = time.perf_counter() - t0
+    c1 = machine_cpu_s()
+    m["waited_s"] = waited
+    # CPU that other processes used meanwhile, as a share of the machine (0 = it had the machine).
+    # /proc/stat counts in clock ticks (10 ms): allow a tick per CPU, and don't judge runs under 0.25 s.
+    m["others_cpu"] = None
+    if c0 and c1 and wall >= 0.25:
+        ncpu = os.cpu_count() or 1
+        slack = ncpu / os.sysconf("SC_CLK_TCK")
+        m["others_cpu"] = max(0.0, (c1[0] - c0[0]) - m["cpu_s"] - slack) / (wall * ncpu)
+    return m
+
+
+def run_once(e: EngineProc, ids: list[int], new_tokens: int, a, log) -> dict:
+    """A run of `e` (prefill `ids`, then `new_tokens` decode steps) after an idle wait (--wait-idle) and
+    a spin (--spin); one during which other processes took QUIET or more of the CPU is run again (up to
+    --retry-contended times), and the last attempt counts. Every discarded attempt is kept."""
+    m = _attempt(e, ids, new_tokens, a, log)
+    discarded = []
+    while m["others_cpu"] is not None and m["others_cpu"] >= QUIET and len(discarded) < a.retry_contended:
+        log(f"  {e.label}: other processes took {m['others_cpu']:.0%} of the CPU during the run "
+            f"({len(ids) / m['prefill_s']:.0f}/{new_tokens / m['decode_s']:.1f} tok/s): again")
+        discarded.append({k: m[k] for k in ("prefill_s", "decode_s", "others_cpu", "waited_s")})
+        m = _attempt(e, ids, new_tokens, a, log)
+    m["discarded"] = discarded
+    return m
+
+
+def measure(engines: list[EngineProc], loads: dict, skipped: list, a, log) -> dict:
+    ids = prompt_ids(engines[0], a.prompt_tokens)
     load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
 
     runs = {e.label: [] for e in engines}
     log(f"warm-up round (excluded), then {a.repeats} rounds of {len(engines)} engines, alternating")
-    ncpu = os.cpu_count() or 1
-
-    def attempt(e: EngineProc) -> dict:
-        time.sleep(PAUSE_S)
-        waited = wait_idle(a.wait_idle, log)
-        c0 = machine_cpu_s()
-        t0 = time.perf_counter()
-        m = e.call(cmd="run", ids=ids, new_tokens=a.new_tokens, spin_s=a.spin)
-        wall = time.perf_counter() - t0
-        c1 = machine_cpu_s()
-        m["waited_s"] = waited
-        # CPU that other processes used meanwhile, as a share of the machine (0 = it had the machine).
-        # /proc/stat counts in clock ticks (10 ms): allow a tick per CPU, and don't judge runs under 0.25 s.
-        m["others_cpu"] = None
-        if c0 and c1 and wall >= 0.25:
-            slack = ncpu / os.sysconf("SC_CLK_TCK")
-            m["others_cpu"] = max(0.0, (c1[0] - c0[0]) - m["cpu_s"] - slack) / (wall * ncpu)
-        return m
 
     def one(e: EngineProc) -> dict:
-        """A run; one during which other processes took QUIET or more of the CPU is run again (up to
-        --retry-contended times), and the last attempt counts. Every discarded attempt is kept."""
-        m = attempt(e)
-        discarded = []
-        while m["others_cpu"] is not None and m["others_cpu"] >= QUIET and len(discarded) < a.retry_contended:
-            log(f"  {e.label}: other processes took {m['others_cpu']:.0%} of the CPU during the run "
-                f"({a.prompt_tokens / m['prefill_s']:.0f}/{a.new_tokens / m['decode_s']:.1f} tok/s): again")
-            discarded.append({k: m[k] for k in ("prefill_s", "decode_s", "others_cpu", "waited_s")})
-            m = attempt(e)
-        m["discarded"] = discarded
-        return m
+        return run_once(e, ids, a.new_tokens, a, log)
 
     for e in engines:
         one(e)
