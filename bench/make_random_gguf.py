@@ -41,11 +41,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+from gguf.constants import GGML_QUANT_SIZES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from quantize import quantize  # noqa: E402  (bench/ is not a package)
+from quantize import quantize
 
 SMOLLM2 = Path("~/.cache/tinydet/test-models/SmolLM2-135M-Instruct.Q4_1.gguf").expanduser()
 STD = 0.02
@@ -136,21 +136,12 @@ def rope_factors(shape: Shape) -> np.ndarray:
 
 
 def stored_bytes(rows_cols: tuple[int, ...], type_name: str) -> int:
-    block, size = gguf_size(type_name)
-    n = math.prod(rows_cols)
-    return n // block * size
-
-
-def gguf_size(type_name: str) -> tuple[int, int]:
-    from gguf.constants import GGML_QUANT_SIZES
-
-    return GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
+    return math.prod(rows_cols) // block * size
 
 
 def tensor_slices(name: str, rows_cols: tuple[int, ...], type_name: str, seed: int):
-    """The tensor's stored bytes, slice by slice of rows (arrays to write in order)."""
-    if name == "rope_freqs.weight":
-        raise AssertionError("written by the caller")
+    """The stored values of a norm or matrix, slice by slice of rows (arrays to write in order)."""
     if len(rows_cols) == 1:  # a norm
         yield np.ones(rows_cols, np.float32)
         return
@@ -179,7 +170,11 @@ def tokenizer_fields(path: Path) -> list[tuple[str, object, GGUFValueType, GGUFV
     return out
 
 
-def write(path: Path, shape_name: str, ftype: str, seed: int, pure: bool, tok_fields, log=print) -> None:
+def _log(*x) -> None:
+    print(*x, flush=True)
+
+
+def write(path: Path, shape_name: str, ftype: str, seed: int, pure: bool, tok_fields, log=_log) -> None:
     """Write the file at `path` (through path.part, renamed when complete)."""
     shape = SHAPES[shape_name]
     vocab = len(next(v for n, v, *_ in tok_fields if n == "tokenizer.ggml.tokens"))
