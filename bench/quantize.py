@@ -21,9 +21,8 @@ Q4_K, where step = d*sc of the sub-block, and <= step / 2 for Q6_K.
 
 from __future__ import annotations
 
-import numpy as np
-
 import gguf
+import numpy as np
 from gguf import GGMLQuantizationType
 
 QK_K = 256

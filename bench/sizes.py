@@ -16,7 +16,7 @@ kernels compile or load from numba's cache here) is reported as "1st prompt s", 
 for each L every engine once, in an order that rotates each time: a run is a prefill of the first L ids
 of the prompt from an empty KV cache (timed: prefill tok/s at L) and --new-tokens greedy decode steps
 after it (timed: decode tok/s at depth L). Reported: medians over the rounds of prefill tok/s at each
---prompts length, decode tok/s after the shortest prompt ("decode") and after each --depths length,
+length, decode tok/s after the shortest prompt ("decode") and after each --depths length,
 peak RSS over the whole run, and the ratios tinydet / llama.cpp of the medians. The prompt is
 compare.py's English text, repeated to the longest L, through the first engine's tokenizer.
 
@@ -101,7 +101,7 @@ def measure(engines: list[cmp.EngineProc], loads: dict, a, log) -> dict:
 def columns(r: dict) -> list[tuple[str, str, str]]:
     """(heading, length, "prefill"/"decode") of the speed columns."""
     s = r["settings"]
-    out = [(f"prefill {n}", str(n), "prefill") for n in s["prompts"]]
+    out = [(f"prefill {n}", str(n), "prefill") for n in sorted(set(s["prompts"]) | set(s["depths"]))]
     out.append(("decode", str(min(s["prompts"])) if s["prompts"] else str(min(s["depths"])), "decode"))
     out += [(f"decode@{n}", str(n), "decode") for n in s["depths"]]
     return out

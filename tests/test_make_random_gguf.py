@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 gguf = pytest.importorskip("gguf")
-from gguf import GGMLQuantizationType, GGUFReader  # noqa: E402
+from gguf import GGMLQuantizationType, GGUFReader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import make_random_gguf as mk  # noqa: E402
-from quantize import quantize  # noqa: E402
+import make_random_gguf as mk
+from quantize import quantize
 
 SMOLLM2 = mk.SMOLLM2
 
@@ -197,5 +197,5 @@ def test_bytes_are_deterministic(tiny_files, tmp_path):
     again, other = tmp_path / "again.gguf", tmp_path / "other.gguf"
     mk.write(again, "tiny", "Q4_0", 0, False, tok, log=lambda *a: None)
     mk.write(other, "tiny", "Q4_0", 1, False, tok, log=lambda *a: None)
-    digest = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()  # noqa: E731
+    digest = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()
     assert digest(again) == digest(files["Q4_0"]) != digest(other)
