@@ -24,7 +24,7 @@ Weights: N(0, 0.02) in float32 from NumPy's PCG64, seeded per tensor by (--seed,
 so a tensor's values do not depend on the type or on the other tensors; norms are 1.0. The bytes of a
 file depend on the shape, type and seed alone. Q8_0/Q4_0 are quantized by the `gguf` package, Q4_K/Q6_K
 by bench/quantize.py (a plain min/max rule, NumPy, see there). Each tensor is written in slices of
-rows, so memory stays near 300 MB whatever the size; the file appears under its name only when complete
+rows, so memory stays near 200 MB whatever the size; the file appears under its name only when complete
 (written as NAME.part, then renamed). Names and metadata keys are those llama.cpp's converter writes
 (`llama.*`; Q/K rows are not permuted: with random weights it makes no difference).
 Output: OUT_DIR/{shape}-random.{type}.gguf, e.g. llama-1b-random.Q4_K_M.gguf.
@@ -157,7 +157,10 @@ def tensor_slices(name: str, rows_cols: tuple[int, ...], type_name: str, seed: i
 
 def tokenizer_fields(path: Path) -> list[tuple[str, object, GGUFValueType, GGUFValueType | None]]:
     """Every tokenizer.ggml.* key and the chat template of a GGUF file, ready for add_key_value."""
-    r = GGUFReader(path)
+    try:
+        r = GGUFReader(path)
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"{path}: not a GGUF file to take a tokenizer from ({e})") from None
     out = []
     for name, f in r.fields.items():
         if not (name.startswith("tokenizer.ggml.") or name == "tokenizer.chat_template"):
