@@ -27,7 +27,8 @@ by bench/quantize.py (a plain min/max rule, NumPy, see there). Each tensor is wr
 rows, so memory stays near 200 MB whatever the size; the file appears under its name only when complete
 (written as NAME.part, then renamed). Names and metadata keys are those llama.cpp's converter writes
 (`llama.*`; Q/K rows are not permuted: with random weights it makes no difference).
-Output: OUT_DIR/{shape}-random.{type}.gguf, e.g. llama-1b-random.Q4_K_M.gguf.
+Output: OUT_DIR/{shape}-random.{type}.gguf (with --pure: {shape}-random-pure.{type}.gguf), e.g.
+llama-1b-random.Q4_K_M.gguf.
 """
 
 from __future__ import annotations
