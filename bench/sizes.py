@@ -77,6 +77,7 @@ def measure(engines: list[cmp.EngineProc], loads: dict, a, log) -> dict:
             by_len[str(n)] = {"prefill_tok_s": cmp.median(pre), "decode_tok_s": cmp.median(dec),
                               "prefill_tok_s_runs": pre, "decode_tok_s_runs": dec,
                               "others_cpu_runs": [m["others_cpu"] for m in ms],
+                              "maxrss_mib_runs": [m["maxrss_kb"] / 1024 for m in ms],  # the process's peak so far
                               "discarded_runs": [d for m in ms for d in m["discarded"]],
                               "tokens": ms[0]["tokens"], "repeats_identical": all(m["tokens"] == ms[0]["tokens"]
                                                                                   for m in ms)}
