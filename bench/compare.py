@@ -485,7 +485,7 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "native"], help="tinydet's dtype (default fp32)")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "native", "int8"], help="tinydet's dtype (default fp32)")
     ap.add_argument("--engines", help="comma-separated NAME[:DTYPE][=MODEL] (default: tinydet and every "
                                       "installed peer)")
     ap.add_argument("--llama-python", help="Python with llama-cpp-python (default: this one)")

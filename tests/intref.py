@@ -72,3 +72,79 @@ def product(x: np.ndarray, raw: np.ndarray, name: str, n: int, k: int) -> np.nda
             c = (z - s) - y
             s = z
     return s
+
+
+# --- the K-quants, against activations in blocks of 256 (Q8_K) ------------------------------------------
+
+K_BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+
+
+def k_block_quants(raw: np.ndarray, name: str, n: int, k: int):
+    """The file's K-quant blocks -> (quants (n, k) int64 unsigned: 0..15, 0..31, Q6_K 0..63; per 32-element
+    sub-block (Q6_K: per 16) the integer scale sc and (Q4_K/Q5_K) min mn (n, k/32 or k/16) int64;
+    d and dmin (n, k/256) float32, dmin None for Q6_K). Element order is formats.dequant's."""
+    ns = k // 256
+    b = np.asarray(raw, np.uint8).reshape(n, ns, K_BLOCK_BYTES[name])
+    if name == "Q6_K":
+        ql, qh = b[:, :, 0:128].astype(np.int64), b[:, :, 128:192].astype(np.int64)
+        sc = b[:, :, 192:208].view(np.int8).astype(np.int64).reshape(n, -1)
+        d = _f16(b[:, :, 208:210])
+        q = np.empty((n, ns, 256), np.int64)
+        for h in range(2):
+            L, H = ql[:, :, 64 * h:64 * h + 64], qh[:, :, 32 * h:32 * h + 32]
+            base = 128 * h
+            q[:, :, base:base + 32] = (L[:, :, :32] & 15) | ((H & 3) << 4)
+            q[:, :, base + 32:base + 64] = (L[:, :, 32:] & 15) | (((H >> 2) & 3) << 4)
+            q[:, :, base + 64:base + 96] = (L[:, :, :32] >> 4) | (((H >> 4) & 3) << 4)
+            q[:, :, base + 96:base + 128] = (L[:, :, 32:] >> 4) | (((H >> 6) & 3) << 4)
+        return q.reshape(n, k), sc, None, d, None
+    d, dmin = _f16(b[:, :, 0:2]), _f16(b[:, :, 2:4])
+    s = b[:, :, 4:16].astype(np.int64)
+    sc = np.empty((n, ns, 8), np.int64)
+    mn = np.empty((n, ns, 8), np.int64)
+    for j in range(8):
+        if j < 4:
+            sc[:, :, j], mn[:, :, j] = s[:, :, j] & 63, s[:, :, j + 4] & 63
+        else:
+            sc[:, :, j] = (s[:, :, j + 4] & 15) | ((s[:, :, j - 4] >> 6) << 4)
+            mn[:, :, j] = (s[:, :, j + 4] >> 4) | ((s[:, :, j] >> 6) << 4)
+    qs = b[:, :, 16 if name == "Q4_K" else 48:][:, :, :128].astype(np.int64).reshape(n, ns, 4, 32)
+    q = np.stack([qs & 15, qs >> 4], axis=3).reshape(n, ns, 256)  # 64-element chunk c: low, then high nibbles
+    if name == "Q5_K":
+        qh = b[:, :, 16:48].astype(np.int64)  # bit i of byte l: element l of sub-block i
+        q = q | (((qh[:, :, None, :] >> np.arange(8)[None, None, :, None]) & 1) << 4).reshape(n, ns, 256)
+    return q.reshape(n, k), sc.reshape(n, -1), mn.reshape(n, -1), d, dmin
+
+
+def k_product(x: np.ndarray, raw: np.ndarray, name: str, n: int, k: int) -> np.ndarray:
+    """out (T, n) float32 of the integer mode's K-quant rules."""
+    q, dx = quantize(x, 256)
+    wq, sc, mn, d, dmin = k_block_quants(raw, name, n, k)
+    T, ns = x.shape[0], k // 256
+    sub = 16 if name == "Q6_K" else 32
+    qb = q.reshape(T, k // sub, sub)
+    wb = wq.reshape(n, k // sub, sub)
+    s = np.zeros((T, n), f32)
+    c = np.zeros((T, n), f32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for S in range(ns):
+            isum = np.zeros((T, n), np.int64)
+            msum = np.zeros((T, n), np.int64)
+            for j in range(256 // sub):
+                g = S * (256 // sub) + j
+                bs = qb[:, g, :].sum(axis=1)[:, None]
+                dot = qb[:, g, :] @ wb[:, g, :].T
+                if name == "Q6_K":
+                    isum += sc[None, :, g] * (dot - 32 * bs)
+                else:
+                    isum += sc[None, :, g] * dot
+                    msum += mn[None, :, g] * bs
+            assert np.abs(isum).max(initial=0) < 2 ** 31 and np.abs(msum).max(initial=0) < 2 ** 31
+            f = isum.astype(f32) * (d[None, :, S] * dx[:, S:S + 1])
+            if name != "Q6_K":
+                f = f - msum.astype(f32) * (dmin[None, :, S] * dx[:, S:S + 1])
+            y = f - c
+            z = s + y
+            c = (z - s) - y
+            s = z
+    return s

@@ -22,6 +22,7 @@ from tinydet.formats.dequant import dequantize
 from tinydet.formats.ggml import GGML_TYPE_IDS
 
 TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0"]
+K_TYPES = ["Q4_K", "Q5_K", "Q6_K"]
 f32 = np.float32
 
 
@@ -97,6 +98,38 @@ def test_reference_reads_the_files_quants(name):
     want = dequantize(raw, GGML_TYPE_IDS[name], (n, k))
     ok = np.isfinite(want)
     assert np.array_equal(w.reshape(n, k)[ok], want[ok])
+
+
+@pytest.mark.parametrize("name", K_TYPES)
+def test_k_reference_reads_the_files_quants(name):
+    """The reference's K-quant integers (quants, sub-block scales and mins) give the gguf package's
+    dequantization: dl = d * sc, ml = dmin * mn, w = dl * q - ml (Q6_K: dl * (q - 32))."""
+    gguf = pytest.importorskip("gguf")
+    n, k = 40, 512
+    raw = random_blocks(name, n, k, 5)
+    q, sc, mn, d, dmin = intref.k_block_quants(raw, name, n, k)
+    if name == "Q6_K":
+        dl = d[:, :, None] * sc.reshape(n, -1, 16).astype(f32)
+        w = dl[:, :, :, None] * (q - 32).reshape(n, -1, 16, 16).astype(f32)
+    else:
+        dl = d[:, :, None] * sc.reshape(n, -1, 8).astype(f32)
+        ml = dmin[:, :, None] * mn.reshape(n, -1, 8).astype(f32)
+        w = dl[:, :, :, None] * q.reshape(n, -1, 8, 32).astype(f32) - ml[:, :, :, None]
+    want = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, name)).reshape(n, k)
+    ok = np.isfinite(want)
+    assert np.array_equal(w.reshape(n, k)[ok], want[ok].astype(f32))
+
+
+@pytest.mark.parametrize("name", K_TYPES)
+@pytest.mark.parametrize("shape", [(100, 256), (70, 768)])
+def test_k_product_equals_reference(name, shape, restore_threads):
+    n, k = shape
+    raw = random_blocks(name, n, k, 8)
+    x = tricky_rows(np.random.default_rng(3), 11, k)
+    want = intref.k_product(x, raw, name, n, k)
+    for T in (1, 2, 5, 11):
+        for th in (1, 2, 3):
+            assert_same_bits(int_product(x[:T], raw, name, n, k, th), want[:T], f"{name} T={T} threads={th}")
 
 
 def int_product(x, raw, name, n, k, threads=None):

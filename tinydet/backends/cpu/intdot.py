@@ -8,12 +8,21 @@ bs their block sum, dw (and Q4_1's mw) the weight block's fp16 scale widened exa
          - 16 bs (Q5_0); Q8_0's int8 quants enter as they are
   f    = float(isum) * (dw * dx)                                 Q8_0, Q4_0, Q5_0
   f    = float(isum) * (dw * dx) + float(bs) * (mw * dx)         Q4_1 (isum without offset)
-each product rounded on its own (no FMA). The output is the Kahan sum (`simd.kahan`) of the f of
-blocks 0, 1, 2, ... in order. |isum| <= 32 * 128 * 127 < 2^24, so float(isum) is exact.
+each product rounded on its own (no FMA). The K-quants take activations in blocks of 256 (dx per
+256) and per super-block of 256, with sc, mn the sub-blocks' 6-bit scales and mins (Q6_K: int8 scales
+per 16 elements) and dot_j the exact integer dot of sub-block j's unsigned quants with q:
+  Q4_K, Q5_K  isum = sum_j sc_j * dot_j, msum = sum_j mn_j * bs_j (j over 8 sub-blocks of 32)
+              f = float(isum) * (d * dx) - float(msum) * (dmin * dx)
+  Q6_K        isum = sum_g sc_g * (dot_g - 32 bs_g) (g over 16 groups of 16), f = float(isum) * (d * dx)
+The output is the Kahan sum (`simd.kahan`) of the f of blocks (super-blocks) 0, 1, 2, ... in order.
+|isum| <= 32 * 128 * 127 < 2^24 for the 32-blocks, so float(isum) is exact there; the K-quants' sums
+stay under 2^31 (8 * 63 * 32 * 31 * 127; 16 * 128 * 16 * 32 * 127) and are rounded once to float32 (to
+nearest even, on every ISA).
 
 The integer dot of a 32-bit lane (4 unsigned bytes a times 4 signed bytes b, added to an int32) is
 one rule with three lowerings, chosen by the compile target (`simd.target_has`) and equal on every
-input the kernels give them (a <= 128, -127 <= b <= 127, so nothing overflows or saturates):
+input the kernels give them (a <= 128, -127 <= b <= 127, so nothing overflows or saturates; Q6_K's
+6-bit quants are 0..63, pairs at most 2 * 63 * 127):
   AVX-512 VNNI  vpdpbusd (u8 x s8 pairs summed in 32 bits, no saturation)
   AVX2          vpmaddubsw (pairs summed in 16 bits: at most 2 * 128 * 127 = 32512 < 32767) then
                 vpmaddwd with ones
@@ -37,7 +46,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
 from .simd import HALF, _F32V32, _c_array, _ptr, _splat, broadcast, kahan, target_has, target_isa, v32_load, v32_splat
-from .simd import v32_zero, v_add, v_mul, widen
+from .simd import v32_zero, v_add, v_mul, v_sub, widen
 from .tiles import put
 
 _I8 = ir.IntType(8)
@@ -112,6 +121,23 @@ iv_or = _int_binop("or_")
 iv_sub = _int_binop("sub")
 iv_shl = _int_binop("shl")
 iv_shr = _int_binop("lshr")
+iv_add = _int_binop("add")
+iv_mul = _int_binop("mul")
+
+
+@intrinsic
+def iv_bytes(typingctx, arr, idx):
+    """32 bytes arr[idx:] (flat) as int32 lanes: uint8 zero-extended, int8 sign-extended."""
+    if not (_c_array(arr, types.uint8, types.int8) and isinstance(idx, types.Integer)):
+        return None
+    signed = arr.dtype == types.int8
+
+    def codegen(context, builder, sig, args):
+        v = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], ir.VectorType(_I8, HALF)),
+                         align=1)
+        return builder.sext(v, _VI) if signed else builder.zext(v, _VI)
+
+    return _IV(arr, idx), codegen
 
 
 @intrinsic
@@ -194,19 +220,31 @@ def iv_dot_signed(typingctx, acc, a, b):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Kernels: R rows of activations times one 32-row panel. Storage tuple w = (tag, qs, d, m, qh)
+# Kernels: R rows of activations times one 32-row panel. Storage tuple w = (tag, qs, d, m, sc, qh)
 # (`intpanels.py`); activations xa = (xq, xd, xs) (`actq.py`).
 
 def int_kind(w) -> str | None:
     """The ggml type name of an integer-mode storage tuple's numba type; None for any other storage."""
-    if not (isinstance(w, types.BaseTuple) and len(w) == 5 and isinstance(w[0], types.Array)
+    if not (isinstance(w, types.BaseTuple) and len(w) == 6 and isinstance(w[0], types.Array)
             and w[0].dtype == types.boolean):
         return None
     if w[1].dtype == types.int8:
         return "Q8_0"
     if not isinstance(w[4], types.NoneType):
+        if w[4].dtype == types.int8:
+            return "Q6_K"
+        return "Q4_K" if isinstance(w[5], types.NoneType) else "Q5_K"
+    if not isinstance(w[5], types.NoneType):
         return "Q5_0"
     return "Q4_0" if isinstance(w[3], types.NoneType) else "Q4_1"
+
+
+K_KINDS = ("Q4_K", "Q5_K", "Q6_K")
+
+
+def act_block(w) -> int:
+    """Elements per activation block beside the storage w: 256 (Q8_K) for the K-quants, else 32."""
+    return 256 if int_kind(w) in K_KINDS else 32
 
 
 _OFFSET = {"Q8_0": 0, "Q4_0": 8, "Q4_1": 0, "Q5_0": 16}
@@ -214,6 +252,68 @@ _OFFSET = {"Q8_0": 0, "Q4_0": 8, "Q4_1": 0, "Q5_0": 16}
 # the byte of their element: elements (0, 2, 4, 6) to bytes 0..3, (1, 3, 5, 7) likewise
 _HI_EVEN = "iv_or(iv_or(iv_shl(iv_and(h, 1), 4), iv_shl(iv_and(h, 4), 10)), iv_or(iv_shl(iv_and(h, 16), 16), iv_shl(iv_and(h, 64), 22)))"
 _HI_ODD = "iv_or(iv_or(iv_shl(iv_and(h, 2), 3), iv_shl(iv_and(h, 8), 9)), iv_or(iv_shl(iv_and(h, 32), 15), iv_shl(iv_and(h, 128), 21)))"
+# Q6_K's high 2 bits of a group of 8 (bits 2e, 2e + 1 of h for element e) to bits 4, 5 of its byte
+_HI6_EVEN = "iv_or(iv_or(iv_shl(iv_and(h, 0x3), 4), iv_shl(iv_and(h, 0x30), 8)), iv_or(iv_shl(iv_and(h, 0x300), 12), iv_shl(iv_and(h, 0x3000), 16)))"
+_HI6_ODD = "iv_or(iv_or(iv_shl(iv_and(h, 0xC), 2), iv_shl(iv_and(h, 0xC0), 6)), iv_or(iv_shl(iv_and(h, 0xC00), 10), iv_shl(iv_and(h, 0xC000), 14)))"
+
+
+def _ksource(kind: str, R: int) -> str:
+    """`_source` for the K-quants: per super-block of 256, isum = sum_j sc_j * dot_j over its 32-element
+    sub-blocks (Q6_K: its 16 groups of 16, (q6 - 32) folded in by the group sums), msum = sum_j mn_j *
+    bs_j, f = float(isum) * (d * dx) - float(msum) * (dmin * dx) (Q6_K: no msum)."""
+    r = range(R)
+    L = ["def f(xa, w, p, rows, n0, n_out, out, t_lim):",
+         "    xq, xd, xs = xa", "    qs, d, m, sc, qh = w[1], w[2], w[3], w[4], w[5]",
+         "    K = xq.shape[1]", "    nb = K // 32", "    ns = K // 256"]
+    L += [f"    r{i} = rows[{i}]\n    s{i} = v32_zero()\n    c{i} = v32_zero()" for i in r]
+    L += ["    for S in range(ns):", "        ps = p * ns + S"]
+    L += [f"        i{i} = iv_zero()\n        m{i} = iv_zero()" for i in r]
+    L += ["        for j in range(8):", "            b = S * 8 + j", "            pb = p * nb + b"]
+    if kind == "Q6_K":
+        L += ["            for hh in range(2):", "                hw = iv_load(qh, (pb * 2 + hh) * 32)"]
+        L += [f"                a{i} = iv_zero()" for i in r]
+        L += ["                for gg in range(2):", "                    g = 2 * hh + gg",
+              "                    w = iv_load(qs, (pb * 4 + g) * 32)",
+              "                    h = iv_and(iv_shr(hw, 16 * gg), 0xFFFF)",
+              f"                    w0 = iv_or(iv_and(w, 0x0F0F0F0F), {_HI6_EVEN})",
+              f"                    w1 = iv_or(iv_and(iv_shr(w, 4), 0x0F0F0F0F), {_HI6_ODD})"]
+        L += [f"                    a{i} = iv_dot(iv_dot(a{i}, w0, iv_word(xq, r{i} * K + b * 32 + 8 * g)), w1, "
+              f"iv_word(xq, r{i} * K + b * 32 + 8 * g + 4))" for i in r]
+        L.append("                scg = iv_bytes(sc, (ps * 16 + 2 * j + hh) * 32)")
+        L += [f"                i{i} = iv_add(i{i}, iv_mul(iv_sub(a{i}, 32 * xs[r{i}, 2 * b + hh]), scg))" for i in r]
+        L += ["        dw = v32_load(d, ps * 32)"]
+        for i in r:
+            L += [f"        dx = v32_splat(xd[r{i}, S])",
+                  f"        s{i}, c{i} = kahan(v_mul(iv_float(i{i}), v_mul(dw, dx)), s{i}, c{i})"]
+    else:
+        L += [f"            a{i} = iv_zero()" for i in r]
+        if kind == "Q5_K":
+            L.append("            hb = iv_load(qh, pb * 32)")
+        L += ["            for g in range(4):", "                w = iv_load(qs, (pb * 4 + g) * 32)",
+              "                w0 = iv_and(w, 0x0F0F0F0F)", "                w1 = iv_and(iv_shr(w, 4), 0x0F0F0F0F)"]
+        if kind == "Q5_K":
+            L += ["                h = iv_and(iv_shr(hb, 8 * g), 0xFF)", f"                w0 = iv_or(w0, {_HI_EVEN})",
+                  f"                w1 = iv_or(w1, {_HI_ODD})"]
+        L += [f"                a{i} = iv_dot(iv_dot(a{i}, w0, iv_word(xq, r{i} * K + b * 32 + 8 * g)), w1, "
+              f"iv_word(xq, r{i} * K + b * 32 + 8 * g + 4))" for i in r]
+        L += ["            o = ps * 12 * 32",
+              "            if j < 4:",
+              "                scj = iv_and(iv_bytes(sc, o + j * 32), 63)",
+              "                mnj = iv_and(iv_bytes(sc, o + (j + 4) * 32), 63)",
+              "            else:",
+              "                hi = iv_bytes(sc, o + (j + 4) * 32)",
+              "                scj = iv_or(iv_and(hi, 15), iv_shl(iv_shr(iv_bytes(sc, o + (j - 4) * 32), 6), 4))",
+              "                mnj = iv_or(iv_shr(hi, 4), iv_shl(iv_shr(iv_bytes(sc, o + j * 32), 6), 4))"]
+        L += [f"            i{i} = iv_add(i{i}, iv_mul(a{i}, scj))\n"
+              f"            m{i} = iv_add(m{i}, iv_mul(mnj, xs[r{i}, 2 * b] + xs[r{i}, 2 * b + 1]))" for i in r]
+        L += ["        dw = v32_load(d, ps * 32)", "        mw = v32_load(m, ps * 32)"]
+        for i in r:
+            L += [f"        dx = v32_splat(xd[r{i}, S])",
+                  f"        f = v_sub(v_mul(iv_float(i{i}), v_mul(dw, dx)), v_mul(iv_float(m{i}), v_mul(mw, dx)))",
+                  f"        s{i}, c{i} = kahan(f, s{i}, c{i})"]
+    for i in r:
+        L.append(f"    if r{i} < t_lim:\n        put(out, r{i}, n0, n_out, s{i}, 32)")
+    return "\n".join(L)
 
 
 def _source(kind: str, R: int) -> str:
@@ -221,7 +321,7 @@ def _source(kind: str, R: int) -> str:
     each row's 32 outputs written at out[row, n0:] (clipped at n_out) where row < t_lim."""
     r = range(R)
     L = ["def f(xa, w, p, rows, n0, n_out, out, t_lim):",
-         "    xq, xd, xs = xa", "    qs, d, m, qh = w[1], w[2], w[3], w[4]",
+         "    xq, xd, xs = xa", "    qs, d, m, qh = w[1], w[2], w[3], w[5]",
          "    K = xq.shape[1]", "    nb = K // 32", "    ns = K // 16"]
     L += [f"    r{i} = rows[{i}]\n    s{i} = v32_zero()\n    c{i} = v32_zero()" for i in r]
     L += ["    for b in range(nb):", "        pb = p * nb + b"]
@@ -261,7 +361,7 @@ def _source(kind: str, R: int) -> str:
 
 
 _ENV = dict(np=np, iv_zero=iv_zero, iv_load=iv_load, iv_word=iv_word, iv_and=iv_and, iv_or=iv_or, iv_sub=iv_sub,
-            iv_shl=iv_shl, iv_shr=iv_shr, iv_float=iv_float, iv_dot=iv_dot, iv_dot_signed=iv_dot_signed,
+            iv_shl=iv_shl, iv_shr=iv_shr, iv_add=iv_add, iv_mul=iv_mul, iv_bytes=iv_bytes, v_sub=v_sub, iv_float=iv_float, iv_dot=iv_dot, iv_dot_signed=iv_dot_signed,
             v32_zero=v32_zero, v32_load=v32_load, v32_splat=v32_splat, v_add=v_add, v_mul=v_mul, kahan=kahan, put=put)
 
 
@@ -269,7 +369,7 @@ _ENV = dict(np=np, iv_zero=iv_zero, iv_load=iv_load, iv_word=iv_word, iv_and=iv_
 def panel_rows(kind: str, R: int):
     """The jitted R-row kernel of `_source` for the type `kind`."""
     scope = dict(_ENV)
-    exec(_source(kind, R), scope)  # noqa: S102 (generated from the templates above)
+    exec((_ksource if kind in K_KINDS else _source)(kind, R), scope)  # noqa: S102 (generated from the templates above)
     return njit(inline="always")(scope["f"])
 
 

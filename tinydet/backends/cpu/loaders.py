@@ -26,7 +26,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from .actq import quantize
-from .intdot import group_kernel, int_element, int_kind, tile_rows, units_kernel
+from .intdot import act_block, group_kernel, int_element, int_kind, tile_rows, units_kernel
 from .layout import QBLOCK, QPanels, as_storage
 from .qblocks import q_dequantize_pair, q_element, q_unit
 from .simd import HALF, LANES, prefetch, v_load, v_store, widen
@@ -363,7 +363,8 @@ def act_quant(x, w):
 @overload(act_quant, inline="always")
 def _act_quant(x, w):
     if int_kind(w):
-        return lambda x, w: quantize(x, QBLOCK)
+        B = act_block(w)
+        return lambda x, w: quantize(x, B)
     return lambda x, w: x
 
 
@@ -374,7 +375,7 @@ def layer(w, li):
 @overload(layer, inline="always")
 def _layer(w, li):
     if int_kind(w):
-        return lambda w, li: (w[0], w[1][li], w[2][li], _pick(w[3], li), _pick(w[4], li))
+        return lambda w, li: (w[0], w[1][li], w[2][li], _pick(w[3], li), _pick(w[4], li), _pick(w[5], li))
     if _is_mixed(w):
         return lambda w, li: (w[0][li],) + w[1:]
     if isinstance(w, types.BaseTuple):
@@ -415,7 +416,7 @@ def _embed_rows(table, ids, x):
         return q8
     if kind is not None:  # the integer mode's other types keep the native arrays
         def native(table, ids, x):
-            embed_rows((table[1], table[2], table[3], None, table[4]), ids, x)
+            embed_rows((table[1], table[2], table[3], table[4], table[5]), ids, x)
         return native
     if isinstance(table, types.BaseTuple):
         def quantized(table, ids, x):

@@ -6,9 +6,9 @@
           panels, F16 as fp16 panels of the file's bits, other types dequantized to float32 panels; a
           kind whose layers (or runs of rows) differ in type keeps each as stored (`MixedPanels`)
           where the runs start at multiples of 64 rows; the bits of fp32
-  int8    native storage, but Q8_0/Q4_0/Q4_1/Q5_0 matrices computed in integers against activations
+  int8    native storage, but the quantized matrices computed in integers against activations
           quantized to 8 bits (`intdot.py`, `actq.py`; Q8_0's quants regrouped, `intpanels.py`); F16/F32
-          and the other quantized types (K-quants, mixed kinds) as in native
+          and kinds of mixed types (`MixedPanels`) as in native, for now
 Norm weights and biases stay float32. Matrices of one kind are stacked over layers (one array each,
 for the one-call forward pass); [wq; wk; wv] and [w1; w3] are packed as one matrix each. Packing goes
 a few thousand rows at a time and releases each part of the file as it is copied, so that loading
