@@ -1,7 +1,7 @@
 """The integer mode (dtype "int8": backends/cpu/actq.py, intdot.py, intpanels.py) against the independent
 NumPy reference of its rules (intref.py), bit for bit: activation quantization (ties, zero blocks,
-extremes, non-finite values), every type's product at every token count and thread count, the worst
-case magnitudes, and the generic and AVX2 builds."""
+extremes, non-finite values), every type's product (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K) at every
+token count and thread count, the worst case magnitudes, and the generic and AVX2 builds."""
 
 from __future__ import annotations
 
@@ -180,19 +180,19 @@ def test_worst_case_magnitudes(name):
 
 def test_generic_and_avx2_builds_give_the_same_bits(tmp_path):
     """Compiled for a generic x86-64 (plain vector integer IR) and for Haswell (AVX2's vpmaddubsw and
-    vpmaddwd), the bits of the reference, as the host build's (AVX-512 VNNI here) are."""
-    n, k = 100, 192
+    vpmaddwd), the bits of the reference, as the host build's (AVX-512 VNNI here) are: every type."""
+    cases = [(name, 100, 192) for name in TYPES] + [(name, 70, 512) for name in K_TYPES]
     script = tmp_path / "gen.py"
     script.write_text(
         "import sys, numpy as np\n"
         "sys.path.insert(0, sys.argv[1])\n"
         "from test_intdot import int_product, tricky_rows\n"
         "from test_native import random_blocks\n"
-        f"for name in {TYPES!r}:\n"
-        f"    raw = random_blocks(name, {n}, {k}, 9)\n"
-        f"    x = tricky_rows(np.random.default_rng(0), 7, {k})\n"
-        f"    np.save(sys.argv[2] + name + '.npy', np.concatenate([int_product(x[:1], raw, name, {n}, {k}), "
-        f"int_product(x, raw, name, {n}, {k})]))\n")
+        f"for name, n, k in {cases!r}:\n"
+        "    raw = random_blocks(name, n, k, 9)\n"
+        "    x = tricky_rows(np.random.default_rng(0), 7, k)\n"
+        "    np.save(sys.argv[2] + name + '.npy', np.concatenate([int_product(x[:1], raw, name, n, k), "
+        "int_product(x, raw, name, n, k)]))\n")
     for cpu in ("generic", "haswell"):
         env = dict(os.environ, NUMBA_CPU_NAME=cpu, NUMBA_CACHE_DIR=numba.config.CACHE_DIR)
         env.pop("NUMBA_CPU_FEATURES", None)
@@ -200,10 +200,10 @@ def test_generic_and_avx2_builds_give_the_same_bits(tmp_path):
         r = subprocess.run([sys.executable, str(script), str(Path(__file__).parent), str(dest)], env=env,
                            capture_output=True, text=True, timeout=1500)
         assert r.returncode == 0, r.stderr[-2000:]
-        for name in TYPES:
+        for name, n, k in cases:
             raw = random_blocks(name, n, k, 9)
             x = tricky_rows(np.random.default_rng(0), 7, k)
-            want = intref.product(x, raw, name, n, k)
+            want = (intref.k_product if name in K_TYPES else intref.product)(x, raw, name, n, k)
             got = np.load(f"{dest}{name}.npy")
             assert_same_bits(got[:1], want[:1], f"{cpu} {name}")
             assert_same_bits(got[1:], want, f"{cpu} {name}")

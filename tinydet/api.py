@@ -226,7 +226,7 @@ def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: i
     model. `dtype` is "fp32", "fp16" (weights and KV cache stored as binary16, arithmetic in
     float32) or "native" (each matrix kept as the file stores it, Q8_0/Q4_0/Q4_1 blocks dequantized
     inside the kernels: fp32's bits from a quarter to an eighth of its memory) or "int8" (native storage,
-    Q8_0/Q4_0/Q4_1/Q5_0 matrices computed in integers against activations quantized to 8-bit blocks, as
+    quantized matrices computed in integers against activations quantized to 8-bit blocks, as
     llama.cpp computes them: deterministic, its own bits, within about llama.cpp's error of fp32's); `threads` defaults to the CPUs this process may use. `verify` re-hashes a known model's
     file even when the cache says it was checked. `log` names a file that gets one JSON line per request
     (time, request id, version, model SHA-256, prompt/output/logits hashes, settings, timings).

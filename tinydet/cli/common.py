@@ -107,8 +107,8 @@ def model_options(fn):
                           "Default: smollm2-135m-instruct, pulled on first use."),
         click.option("--dtype", type=click.Choice(["fp32", "fp16", "native", "int8"]), default="fp32", show_default=True,
                      help="fp32; fp16 (weights and KV cache as binary16); native (matrices kept as the file stores "
-                          "them, Q8_0/Q4_0/Q4_1 dequantized in the kernels: the bits of fp32); int8 (native, but Q8_0/Q4_0/"
-                          "Q4_1/Q5_0 matrices computed in integers against 8-bit activations, as llama.cpp does: "
+                          "them, Q8_0/Q4_0/Q4_1 dequantized in the kernels: the bits of fp32); int8 (native, but quantized "
+                          "matrices computed in integers against 8-bit activations, as llama.cpp does: "
                           "deterministic, not fp32's bits)."),
         click.option("--threads", type=click.IntRange(min=1), default=None, help="Default: the CPUs available."),
         click.option("--verify", is_flag=True, help="Re-hash a known model's file before use."),
