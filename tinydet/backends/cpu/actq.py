@@ -25,8 +25,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .simd import _f32_as_u32, _u32_as_f32
+
 f32 = np.float32
-_FMAX = np.float32(np.finfo(np.float32).max)
 TINY = np.float32(2.0 ** -64)  # blocks with a smaller amax are quantized as zeros
 
 
@@ -37,6 +38,12 @@ def slot(k):
     return (k - r) + (r & 1) * 4 + (r >> 1)
 
 
+@njit(cache=True, inline="always")
+def _q(v, inv):
+    r = (v * inv + f32(12582912.0)) - f32(12582912.0)  # 1.5 * 2^23: round to nearest, ties to even
+    return np.int8(min(max(r, f32(-127.0)), f32(127.0)))
+
+
 @njit(cache=True)
 def quantize_rows(x, t0, t1, B, xq, xd, xs):
     """Rows t0 .. t1 of x (T, K) into xq (T, K) int8, xd (T, K / B) float32, xs (T, K / 16) int32 by
@@ -44,31 +51,26 @@ def quantize_rows(x, t0, t1, B, xq, xd, xs):
     K = x.shape[1]
     for t in range(t0, t1):
         for b0 in range(0, K, B):
-            amax = f32(0.0)
-            bad = False
+            # amax as the largest |x| bit pattern: for non-negative floats the integer order is the
+            # float order, an integer max vectorizes, and NaN / infinity show as >= 0x7F800000
+            m = np.uint32(0)
             for k in range(b0, b0 + B):
-                a = abs(x[t, k])
-                if not a <= _FMAX:  # NaN or infinity
-                    bad = True
-                elif a > amax:
-                    amax = a
-            if bad:
-                xd[t, b0 // B] = f32(np.nan)
-            elif amax < TINY:
-                xd[t, b0 // B] = f32(0.0)
+                m = max(m, _f32_as_u32(x[t, k]) & np.uint32(0x7FFFFFFF))
+            amax = _u32_as_f32(m)
+            if m >= np.uint32(0x7F800000) or amax < TINY:
+                xd[t, b0 // B] = f32(np.nan) if m >= np.uint32(0x7F800000) else f32(0.0)
+                xq[t, b0:b0 + B] = 0
             else:
                 xd[t, b0 // B] = amax / f32(127.0)
-            inv = f32(0.0) if bad or amax < TINY else f32(127.0) / amax
+                inv = f32(127.0) / amax
+                for k0 in range(b0, b0 + B, 8):
+                    for i in range(4):
+                        xq[t, k0 + i] = _q(x[t, k0 + 2 * i], inv)
+                        xq[t, k0 + 4 + i] = _q(x[t, k0 + 2 * i + 1], inv)
             for k0 in range(b0, b0 + B, 16):
-                s = 0
+                s = np.int32(0)
                 for k in range(k0, k0 + 16):
-                    q = 0
-                    if inv != f32(0.0):
-                        v = x[t, k] * inv
-                        r = (v + f32(12582912.0)) - f32(12582912.0)  # 1.5 * 2^23: round to nearest even
-                        q = int(min(max(r, f32(-127.0)), f32(127.0)))
-                    xq[t, slot(k)] = q
-                    s += q
+                    s += np.int32(xq[t, k])
                 xs[t, k0 // 16] = s
 
 

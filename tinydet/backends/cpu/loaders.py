@@ -15,8 +15,9 @@ A storage type provides, to the shared drivers:
   tiling(W, T)        (tokens per tile, tiles per job, fewest tiles per job) for T tokens: only the
                       split of work
   layer(W, li)        layer li of a matrix kind stacked over layers
-  act_quant(x, W)     what the products take as the rows: x itself, or for the integer mode's storage
-                      (`intdot.py`) x quantized to 8-bit blocks (`actq.py`), once per product
+  act_alloc(x, W)     what the products take as the rows: x itself, or for the integer mode's storage
+  act_rows(...)       (`intdot.py`) arrays for x quantized to 8-bit blocks, which act_rows fills
+  quantizes(W)        (`actq.py`), once per product; quantizes(W) says whether W needs it
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from .actq import quantize
+from .actq import quantize_rows
 from .intdot import act_block, group_kernel, int_element, int_kind, tile_rows, units_kernel
 from .layout import QBLOCK, QPanels, as_storage
 from .qblocks import q_dequantize_pair, q_element, q_unit
@@ -356,16 +357,39 @@ def _prefill_group(x, w, g, ta, tb, n_out, out, wbuf):
     return lambda x, w, g, ta, tb, n_out, out, wbuf: direct(x, ta, tb, w, g * x.shape[1] * LANES, g * LANES, n_out, out)
 
 
-def act_quant(x, w):
-    raise NotImplementedError("act_quant is for jitted code")
+def act_alloc(x, w):
+    raise NotImplementedError("act_alloc is for jitted code")
 
 
-@overload(act_quant, inline="always")
-def _act_quant(x, w):
+@overload(act_alloc, inline="always")
+def _act_alloc(x, w):
     if int_kind(w):
         B = act_block(w)
-        return lambda x, w: quantize(x, B)
+        return lambda x, w: (np.empty(x.shape, np.int8), np.empty((x.shape[0], x.shape[1] // B), np.float32),
+                             np.empty((x.shape[0], x.shape[1] // 16), np.int32))
     return lambda x, w: x
+
+
+def act_rows(x, w, xa, t0, t1):
+    raise NotImplementedError("act_rows is for jitted code")
+
+
+@overload(act_rows, inline="always")
+def _act_rows(x, w, xa, t0, t1):
+    if int_kind(w):
+        B = act_block(w)
+        return lambda x, w, xa, t0, t1: quantize_rows(x, t0, t1, B, xa[0], xa[1], xa[2])
+    return lambda x, w, xa, t0, t1: None
+
+
+def quantizes(w):
+    raise NotImplementedError("quantizes is for jitted code")
+
+
+@overload(quantizes, inline="always")
+def _quantizes(w):
+    q = int_kind(w) is not None
+    return lambda w: q
 
 
 def layer(w, li):

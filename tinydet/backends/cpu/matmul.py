@@ -6,6 +6,10 @@ fp32 at ~0.83x its speed). Neither the token count, the tile, the thread count n
 enters any output's arithmetic, so prefill and decode give the same bits, and native storage gives
 fp32's bits (each weight is dequantized to exactly the float32 value fp32 stores).
 
+The integer mode's storage (`intdot.py`) computes its own rule instead: each row of x is first
+quantized to 8-bit blocks (`actq.py`, a run of rows per thread), then the same split of outputs runs
+the integer block dots.
+
 Work split (never a sum): one token (decode), or a few on fp16 panels (a batch of decoding sequences,
 `loaders.few_rows`), gives each of the nth threads an equal run of 32-output units; more tokens give
 jobs of (a group of 64 outputs, a chunk of token tiles), each thread an equal run of them, and the
@@ -24,7 +28,7 @@ from numba import njit, prange
 
 from .layout import QPanels, as_storage
 from .intpanels import IntPanels
-from .loaders import act_quant, few_rows, gemv_units, groups, prefill_group, tiling, units
+from .loaders import act_alloc, act_rows, few_rows, quantizes, gemv_units, groups, prefill_group, tiling, units
 from .ops import glu_span
 from .simd import HALF, LANES
 
@@ -73,7 +77,13 @@ def mm(x, w, n_out, out, nth, mode, res, act, kind, wbuf):
     >= K)`, holds each thread's group of weights as float32. No checks (see `matmul`)."""
     T = x.shape[0]
     parts = 2 if mode == MM_GLU else 1
-    xa = act_quant(x, w)  # the rows as the storage's products take them (x, or its 8-bit blocks)
+    xa = act_alloc(x, w)  # the rows as the storage's products take them (x, or its 8-bit blocks)
+    if quantizes(w):  # each row quantized once, a run of rows per thread (rows are independent)
+        if T > 1:
+            for th in prange(nth):
+                act_rows(x, w, xa, th * T // nth, (th + 1) * T // nth)
+        else:
+            act_rows(x, w, xa, 0, T)
     if T == 1 or few_rows(w, T):
         U = units(w) // parts  # a GLU's unit u of the gate goes with unit U + u of the up part
         for th in prange(nth):
