@@ -57,7 +57,7 @@ ENGINES = ("tinydet", "llama.cpp", "transformers")
 ALIASES = {"tinydet": "tinydet", "llama.cpp": "llama.cpp", "llama": "llama.cpp", "llama-cpp": "llama.cpp",
            "llama_cpp": "llama.cpp", "transformers": "transformers", "hf": "transformers"}
 IMPORT = {"tinydet": "tinydet", "llama.cpp": "llama_cpp", "transformers": "transformers"}
-DTYPES = {"tinydet": ("fp32", "fp16", "native"), "transformers": ("fp32", "bf16", "fp16"), "llama.cpp": ()}
+DTYPES = {"tinydet": ("fp32", "fp16", "native", "int8"), "transformers": ("fp32", "bf16", "fp16"), "llama.cpp": ()}
 PROMPT_TEXT = (
     "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined "
     "movable metal type, oil-based ink and a wooden screw press into a system that could produce books "

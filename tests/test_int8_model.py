@@ -11,7 +11,8 @@ import tinydet
 from tinydet.tools.verify import run_matrix
 
 PROMPT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg built a "
-          "machine with movable metal type in the German city of Mainz. Within fifty years printers had")
+          "machine with movable metal type in the German city of Mainz. Within fifty years printers had set up "
+          "shops in more than two hundred towns across Europe, and millions of books had been printed.")
 
 
 @pytest.fixture(scope="module")
@@ -19,9 +20,11 @@ def models(smollm_path):
     return tinydet.load(smollm_path, dtype="native"), tinydet.load(smollm_path, dtype="int8")
 
 
-def test_storage_names_the_integer_kinds(models):
-    st = models[1].backend.storage()
+def test_storage_and_fingerprint_name_the_integer_mode(models):
+    native, int8 = models
+    st = int8.backend.storage()
     assert st["wqkv"] == "Q4_1:int8" and st["output"] == "Q8_0:int8"
+    assert f"-int8-{int8.sha256[:12]}-" in int8.fingerprint and int8.fingerprint != native.fingerprint
 
 
 def test_every_cell_of_the_determinism_matrix(models, smollm_path, restore_threads):
@@ -51,3 +54,20 @@ def test_greedy_text_is_coherent(models):
     same = next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y), len(a.token_ids))
     print(f"int8: {a.text!r}\nnative: {b.text!r}\nfirst different token: {same}")
     assert "Paris" in a.text
+
+
+def test_trace_works_and_matches_the_untraced_logits(models):
+    """With an op hook every fusion is undone; the logits are the same bits, chunked or not."""
+    from tinydet.tools.trace import run_trace
+
+    int8 = models[1]
+    ids = int8.prompt_ids("Once upon a time, there was a little girl")
+    traces = [run_trace(int8, ids, chunk=c, keep_values=False) for c in (None, 3)]
+    key = lambda r: (r["layer"], r["op"], r["pos"], r["slot"], r["sha256"])  # noqa: E731
+    a, b = ([key(r) for r in t.records] for t in traces)
+    assert len(a) > 100 and a == b
+    logits = [r for r in traces[0].records if r["op"] == "logits"]
+    want = int8.logits(ids)
+    from tinydet.hashing import hash_logits
+
+    assert [r["sha256"] for r in logits] == [hash_logits(want[i:i + 1]) for i in range(len(ids))]

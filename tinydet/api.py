@@ -121,13 +121,13 @@ class Model:
     @property
     def fingerprint(self) -> str:
         """What fixes this model's bits, as `tinydet-VERSION-BITS-MODEL-SOURCES`: tinydet's version,
-        the arithmetic ("fp16", or "fp32" for fp32 and native, which give the same bits), the model's
+        the arithmetic ("fp16", "int8", or "fp32" for fp32 and native, which give the same bits), the model's
         SHA-256 and the hash of the sources that compute results (`hashing.source_hash`), each cut to 12
         hex digits. Threads, batch size and the CPU are not in it: they do not change a bit."""
         from . import __version__
         from .hashing import source_hash
 
-        bits = "fp16" if self.dtype == "fp16" else "fp32"
+        bits = self.dtype if self.dtype in ("fp16", "int8") else "fp32"
         return f"tinydet-{__version__}-{bits}-{self.sha256[:12]}-{source_hash()[:12]}"
 
     def generate(self, prompt: str | Sequence[int] = "", max_tokens: int = 256, temperature: float = 0.0,
