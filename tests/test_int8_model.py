@@ -72,3 +72,14 @@ def test_trace_works_and_matches_the_untraced_logits(models):
     from tinydet.hashing import hash_logits
 
     assert [r["sha256"] for r in logits] == [hash_logits(want[i:i + 1]) for i in range(len(ids))]
+
+
+def test_cli_generate_int8(models, smollm_path):
+    from click.testing import CliRunner
+
+    from tinydet.cli import main
+
+    r = CliRunner().invoke(main, ["generate", "--model", str(smollm_path), "--dtype", "int8", "--threads", "2",
+                                  "--max-tokens", "8", "The capital of France is"])
+    assert r.exit_code == 0, r.output
+    assert "Paris" in r.output
