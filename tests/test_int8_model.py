@@ -83,3 +83,18 @@ def test_cli_generate_int8(models, smollm_path):
                                   "--max-tokens", "8", "The capital of France is"])
     assert r.exit_code == 0, r.output
     assert "Paris" in r.output
+
+
+def test_gemma3_k_quants(gemma3_path):
+    """Gemma 3 270M Q4_K_M: Q4_K and Q5_0 kinds and the Q8_0 table in integers (the kinds of mixed types,
+    Q5_0+Q8_0 and Q6_K+Q4_K, on native's float path); logits near native's, greedy text coherent."""
+    native, int8 = (tinydet.load(gemma3_path, dtype=d, threads=2) for d in ("native", "int8"))
+    st = int8.backend.storage()
+    assert st["wo"] == "Q4_K:int8" and st["w13"] == "Q5_0:int8" and st["output"] == "Q8_0:int8"
+    assert st["w2"] == "Q6_K+Q4_K"
+    ids = native.prompt_ids(PROMPT)[:40]
+    a, b = int8.logits(ids), native.logits(ids)
+    print(f"Gemma 3: max |int8 - native| over {len(ids)} positions: {np.abs(a - b).max():.3g}")
+    assert np.abs(a - b).max() < 1.5 and (a.argmax(axis=1) == b.argmax(axis=1)).mean() >= 0.9
+    g = int8.generate("The capital of France is", max_tokens=16)
+    assert "France" in g.text or "Paris" in g.text, g.text
