@@ -26,7 +26,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--engines", required=True, help="comma-separated tinydet[:DTYPE][=MODEL][@SRC] (compare.py's)")
-    ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "native"])
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "native", "int8"])
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=96)
     ap.add_argument("--prompt-tokens", type=int, default=64)

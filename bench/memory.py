@@ -222,7 +222,7 @@ def render(res: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
-    ap.add_argument("--dtype", default="native", choices=["fp32", "fp16", "native"])
+    ap.add_argument("--dtype", default="native", choices=["fp32", "fp16", "native", "int8"])
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=64)

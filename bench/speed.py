@@ -1,7 +1,7 @@
 """Prefill and decode speed of tinydet on one model (comparisons with other engines: compare.py).
 Prints medians over repeats.
 
-    python bench/speed.py MODEL.gguf [--dtype fp32|fp16|native] [--threads N] [--prompt-tokens 128] [--new-tokens 64]
+    python bench/speed.py MODEL.gguf [--dtype fp32|fp16|native|int8] [--threads N] [--prompt-tokens 128] [--new-tokens 64]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import tinydet
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
-    ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "native"])
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "native", "int8"])
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=64)

@@ -121,13 +121,13 @@ class Model:
     @property
     def fingerprint(self) -> str:
         """What fixes this model's bits, as `tinydet-VERSION-BITS-MODEL-SOURCES`: tinydet's version,
-        the arithmetic ("fp16", or "fp32" for fp32 and native, which give the same bits), the model's
+        the arithmetic ("fp16", "int8", or "fp32" for fp32 and native, which give the same bits), the model's
         SHA-256 and the hash of the sources that compute results (`hashing.source_hash`), each cut to 12
         hex digits. Threads, batch size and the CPU are not in it: they do not change a bit."""
         from . import __version__
         from .hashing import source_hash
 
-        bits = "fp16" if self.dtype == "fp16" else "fp32"
+        bits = self.dtype if self.dtype in ("fp16", "int8") else "fp32"
         return f"tinydet-{__version__}-{bits}-{self.sha256[:12]}-{source_hash()[:12]}"
 
     def generate(self, prompt: str | Sequence[int] = "", max_tokens: int = 256, temperature: float = 0.0,
@@ -225,7 +225,9 @@ def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: i
     a known model (`tinydet models`), pulled into the cache on first use; None means the default
     model. `dtype` is "fp32", "fp16" (weights and KV cache stored as binary16, arithmetic in
     float32) or "native" (each matrix kept as the file stores it, Q8_0/Q4_0/Q4_1 blocks dequantized
-    inside the kernels: fp32's bits from a quarter to an eighth of its memory); `threads` defaults to the CPUs this process may use. `verify` re-hashes a known model's
+    inside the kernels: fp32's bits from a quarter to an eighth of its memory) or "int8" (native storage,
+    quantized matrices computed in integers against activations quantized to 8-bit blocks, as
+    llama.cpp computes them: deterministic, its own bits, within about llama.cpp's error of fp32's); `threads` defaults to the CPUs this process may use. `verify` re-hashes a known model's
     file even when the cache says it was checked. `log` names a file that gets one JSON line per request
     (time, request id, version, model SHA-256, prompt/output/logits hashes, settings, timings).
     Before packing, the memory the load needs (weights at `dtype` + a KV cache, `memory.check_memory`)

@@ -35,7 +35,7 @@ def weight_bytes(tensors: dict, dtype: str) -> int:
     from .formats.ggml import F16
 
     def nbytes(t, rows: int) -> int:  # t's bytes, its row count taken as `rows`
-        if dtype == "native" and (t.ggml_type in NATIVE_TYPES or t.ggml_type == F16):
+        if dtype in ("native", "int8") and (t.ggml_type in NATIVE_TYPES or t.ggml_type == F16):
             return t.data.nbytes * rows // t.shape[0]
         return rows * (math.prod(t.shape) // t.shape[0]) * (2 if dtype == "fp16" else 4)
 

@@ -105,9 +105,11 @@ def model_options(fn):
         click.option("--model", "model_name", default=None,
                      help="A GGUF file, a Hugging Face directory or a known model name (`tinydet models`). "
                           "Default: smollm2-135m-instruct, pulled on first use."),
-        click.option("--dtype", type=click.Choice(["fp32", "fp16", "native"]), default="fp32", show_default=True,
+        click.option("--dtype", type=click.Choice(["fp32", "fp16", "native", "int8"]), default="fp32", show_default=True,
                      help="fp32; fp16 (weights and KV cache as binary16); native (matrices kept as the file stores "
-                          "them, Q8_0/Q4_0/Q4_1 dequantized in the kernels: the bits of fp32)."),
+                          "them, Q8_0/Q4_0/Q4_1 dequantized in the kernels: the bits of fp32); int8 (native, but quantized "
+                          "matrices computed in integers against 8-bit activations, as llama.cpp does: "
+                          "deterministic, not fp32's bits)."),
         click.option("--threads", type=click.IntRange(min=1), default=None, help="Default: the CPUs available."),
         click.option("--verify", is_flag=True, help="Re-hash a known model's file before use."),
         click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None,

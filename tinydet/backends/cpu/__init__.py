@@ -5,6 +5,9 @@
   layout.py   float panels and quantized panels
   qblocks.py  GGUF's quantized blocks read as float32 vectors
   loaders.py  how the matrix product reads each storage type
+  actq.py     activations to 8-bit blocks, for the integer mode (dtype "int8")
+  intdot.py   the integer mode's block dot products (VNNI, AVX2, generic lowerings of one rule)
+  intpanels.py the integer mode's weight layout (the native panels; Q8_0's quants regrouped)
   tiles.py    rows times a panel's outputs, shared by every storage type; tile shapes per vector unit
   matmul.py   the one matrix product
   ops.py      RMSNorm, RoPE, attention, activations
@@ -145,7 +148,7 @@ class CPUKVCache(KVCache):
 
 class CPUBackend(Backend):
     """A model packed for the CPU kernels. `CPUBackend(config, tensors, dtype, threads)` packs the
-    checkpoint's tensors (canonical names, `formats.Tensor`s) for "fp32", "fp16" or "native"."""
+    checkpoint's tensors (canonical names, `formats.Tensor`s) for "fp32", "fp16", "native" or "int8"."""
 
     name = "cpu-numba"
 

@@ -155,6 +155,8 @@ def as_storage(w):
     """What the kernels take for a matrix: float panels as they are, `QPanels` as the tuple (qs, d, m)
     (Q8_0, Q4_0, Q4_1) or (qs, d, m, sc, qh) (Q5_0 and the K-quants), `MixedPanels` as (its table,
     then each part as five slots: (qs, d, m, sc, qh), or float panels and four Nones)."""
+    if hasattr(w, "int_storage"):  # intpanels.IntPanels
+        return w.int_storage()
     if isinstance(w, MixedPanels):
         # flat, as numba's parallel regions take no nested tuples: 5 slots per part
         slots = [(p.qs, p.d, p.m, p.sc, p.qh) if isinstance(p, QPanels) else (p, None, None, None, None)

@@ -15,6 +15,9 @@ A storage type provides, to the shared drivers:
   tiling(W, T)        (tokens per tile, tiles per job, fewest tiles per job) for T tokens: only the
                       split of work
   layer(W, li)        layer li of a matrix kind stacked over layers
+  act_alloc(x, W)     what the products take as the rows: x itself, or for the integer mode's storage
+  act_rows(...)       (`intdot.py`) arrays for x quantized to 8-bit blocks, which act_rows fills
+  quantizes(W)        (`actq.py`), once per product; quantizes(W) says whether W needs it
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
+from .actq import quantize_rows
+from .intdot import act_block, group_kernel, int_element, int_kind, tile_rows, units_kernel
 from .layout import QBLOCK, QPanels, as_storage
 from .qblocks import q_dequantize_pair, q_element, q_unit
 from .simd import HALF, LANES, prefetch, v_load, v_store, widen
@@ -48,6 +53,8 @@ def units(w):
 
 @overload(units)
 def _units(w):
+    if int_kind(w):
+        return lambda w: w[1].shape[0]
     if _is_mixed(w):
         return lambda w: w[0][w[0].shape[0] - 1, 3]
     if isinstance(w, types.BaseTuple):
@@ -61,6 +68,8 @@ def groups(w):
 
 @overload(groups)
 def _groups(w):
+    if int_kind(w):
+        return lambda w: (w[1].shape[0] + 1) // 2
     if _is_mixed(w):
         return lambda w: (w[0][w[0].shape[0] - 1, 2] + LANES - 1) // LANES
     if isinstance(w, types.BaseTuple):
@@ -74,6 +83,9 @@ def tiling(w, T):
 
 @overload(tiling)
 def _tiling(w, T):
+    if int_kind(w):  # integer dots of a pair of panels: each job reads them once per tile of rows
+        rows = tile_rows()
+        return lambda w, T: (rows, 16, 3)
     # fp32 panels are read from memory (`tiles.SHAPES` "direct"): 8 tiles per job, and a job as small
     # as one tile where that evens out the threads' share (a second reader of a panel finds it in the
     # shared cache). A dequantized pair, or an fp16 panel widened, sits in a cache-resident buffer
@@ -284,6 +296,9 @@ def gemv_units(x, w, n_out, out, u0, u1):
 
 @overload(gemv_units)
 def _gemv_units(x, w, n_out, out, u0, u1):
+    if int_kind(w):
+        kern = units_kernel(int_kind(w))
+        return lambda x, w, n_out, out, u0, u1: kern(x, w, n_out, out, u0, u1)
     if _is_mixed(w):
         # Each segment's share of the units, read as its own storage type (layout.MixedPanels).
         def mixed(x, w, n_out, out, u0, u1):
@@ -306,6 +321,9 @@ def prefill_group(x, w, g, ta, tb, n_out, out, wbuf):
 
 @overload(prefill_group)
 def _prefill_group(x, w, g, ta, tb, n_out, out, wbuf):
+    if int_kind(w):
+        grp = group_kernel(int_kind(w))
+        return lambda x, w, g, ta, tb, n_out, out, wbuf: grp(x, w, g, ta, tb, n_out, out)
     buffered = tiles_for("buffered")
     if _is_mixed(w):
         def mixed(x, w, g, ta, tb, n_out, out, wbuf):
@@ -339,12 +357,49 @@ def _prefill_group(x, w, g, ta, tb, n_out, out, wbuf):
     return lambda x, w, g, ta, tb, n_out, out, wbuf: direct(x, ta, tb, w, g * x.shape[1] * LANES, g * LANES, n_out, out)
 
 
+def act_alloc(x, w):
+    raise NotImplementedError("act_alloc is for jitted code")
+
+
+@overload(act_alloc, inline="always")
+def _act_alloc(x, w):
+    if int_kind(w):
+        B = act_block(w)
+        return lambda x, w: (np.empty(x.shape, np.int8), np.empty((x.shape[0], x.shape[1] // B), np.float32),
+                             np.empty((x.shape[0], x.shape[1] // 16), np.int32))
+    return lambda x, w: x
+
+
+def act_rows(x, w, xa, t0, t1):
+    raise NotImplementedError("act_rows is for jitted code")
+
+
+@overload(act_rows, inline="always")
+def _act_rows(x, w, xa, t0, t1):
+    if int_kind(w):
+        B = act_block(w)
+        return lambda x, w, xa, t0, t1: quantize_rows(x, t0, t1, B, xa[0], xa[1], xa[2])
+    return lambda x, w, xa, t0, t1: None
+
+
+def quantizes(w):
+    raise NotImplementedError("quantizes is for jitted code")
+
+
+@overload(quantizes, inline="always")
+def _quantizes(w):
+    q = int_kind(w) is not None
+    return lambda w: q
+
+
 def layer(w, li):
     raise NotImplementedError("layer is for jitted code")
 
 
 @overload(layer, inline="always")
 def _layer(w, li):
+    if int_kind(w):
+        return lambda w, li: (w[0], w[1][li], w[2][li], _pick(w[3], li), _pick(w[4], li), _pick(w[5], li))
     if _is_mixed(w):
         return lambda w, li: (w[0][li],) + w[1:]
     if isinstance(w, types.BaseTuple):
@@ -375,6 +430,18 @@ def embed_rows(table, ids, x):
 
 @overload(embed_rows)
 def _embed_rows(table, ids, x):
+    kind = int_kind(table)
+    if kind == "Q8_0":  # the integer mode's regrouped quants
+        def q8(table, ids, x):
+            for t in range(ids.shape[0]):
+                p, j = ids[t] // HALF, ids[t] % HALF
+                for k in range(x.shape[1]):
+                    x[t, k] = int_element(table, p, k // QBLOCK, k % QBLOCK, j)
+        return q8
+    if kind is not None:  # the integer mode's other types keep the native arrays
+        def native(table, ids, x):
+            embed_rows((table[1], table[2], table[3], table[4], table[5]), ids, x)
+        return native
     if isinstance(table, types.BaseTuple):
         def quantized(table, ids, x):
             for t in range(ids.shape[0]):

@@ -6,6 +6,10 @@ fp32 at ~0.83x its speed). Neither the token count, the tile, the thread count n
 enters any output's arithmetic, so prefill and decode give the same bits, and native storage gives
 fp32's bits (each weight is dequantized to exactly the float32 value fp32 stores).
 
+The integer mode's storage (`intdot.py`) computes its own rule instead: each row of x is first
+quantized to 8-bit blocks (`actq.py`, a run of rows per thread), then the same split of outputs runs
+the integer block dots.
+
 Work split (never a sum): one token (decode), or a few on fp16 panels (a batch of decoding sequences,
 `loaders.few_rows`), gives each of the nth threads an equal run of 32-output units; more tokens give
 jobs of (a group of 64 outputs, a chunk of token tiles), each thread an equal run of them, and the
@@ -23,7 +27,8 @@ import numpy as np
 from numba import njit, prange
 
 from .layout import QPanels, as_storage
-from .loaders import few_rows, gemv_units, groups, prefill_group, tiling, units
+from .intpanels import IntPanels
+from .loaders import act_alloc, act_rows, few_rows, quantizes, gemv_units, groups, prefill_group, tiling, units
 from .ops import glu_span
 from .simd import HALF, LANES
 
@@ -72,13 +77,20 @@ def mm(x, w, n_out, out, nth, mode, res, act, kind, wbuf):
     >= K)`, holds each thread's group of weights as float32. No checks (see `matmul`)."""
     T = x.shape[0]
     parts = 2 if mode == MM_GLU else 1
+    xa = act_alloc(x, w)  # the rows as the storage's products take them (x, or its 8-bit blocks)
+    if quantizes(w):  # each row quantized once, a run of rows per thread (rows are independent)
+        if T > 1:
+            for th in prange(nth):
+                act_rows(x, w, xa, th * T // nth, (th + 1) * T // nth)
+        else:
+            act_rows(x, w, xa, 0, T)
     if T == 1 or few_rows(w, T):
         U = units(w) // parts  # a GLU's unit u of the gate goes with unit U + u of the up part
         for th in prange(nth):
             u0 = th * U // nth
             u1 = (th + 1) * U // nth
             for part in range(parts):
-                gemv_units(x, w, n_out, out, u0 + part * U, u1 + part * U)
+                gemv_units(xa, w, n_out, out, u0 + part * U, u1 + part * U)
             _epilogue(out, 0, T, u0 * HALF, u1 * HALF, n_out, mode, res, act, kind)
     else:
         G = groups(w) // parts
@@ -99,7 +111,7 @@ def mm(x, w, n_out, out, nth, mode, res, act, kind, wbuf):
                     ta, tb = chunk_range(T, nth, th, 1)
                 if ta < tb:
                     for part in range(parts):
-                        prefill_group(x, w, g + part * G, ta, tb, n_out, out, buf)
+                        prefill_group(xa, w, g + part * G, ta, tb, n_out, out, buf)
                     _epilogue(out, ta, tb, g * LANES, g * LANES + LANES, n_out, mode, res, act, kind)
 
 
@@ -123,14 +135,14 @@ def check(x, w, n_out, out, res=None) -> None:
     _f32_2d(x, "x (T, K)")
     _f32_2d(out, "out (T, n_out)")
     T, K = x.shape
-    if isinstance(w, QPanels):
+    if isinstance(w, (QPanels, IntPanels)):
         w.check()
         n, k = w.n, w.k
     elif (isinstance(w, np.ndarray) and w.dtype in (np.float32, np.uint16) and w.ndim == 3 and w.shape[2] == LANES
           and w.flags.c_contiguous):
         n, k = w.shape[0] * LANES, w.shape[1]
     else:
-        raise TypeError("matmul: w must be C-contiguous panels (P, K, 64) of float32 or uint16, or QPanels")
+        raise TypeError("matmul: w must be C-contiguous panels (P, K, 64) of float32 or uint16, QPanels or IntPanels")
     if K != k or out.shape[0] != T or not 0 < n_out <= min(out.shape[1], n):
         raise ValueError(f"matmul: x {x.shape}, out {out.shape}, n_out {n_out} do not fit W ({n}, {k})")
     if res is not None:

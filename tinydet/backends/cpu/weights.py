@@ -6,6 +6,9 @@
           panels, F16 as fp16 panels of the file's bits, other types dequantized to float32 panels; a
           kind whose layers (or runs of rows) differ in type keeps each as stored (`MixedPanels`)
           where the runs start at multiples of 64 rows; the bits of fp32
+  int8    native storage, but the quantized matrices computed in integers against activations
+          quantized to 8 bits (`intdot.py`, `actq.py`; Q8_0's quants regrouped, `intpanels.py`); F16/F32
+          and kinds of mixed types (`MixedPanels`) as in native, for now
 Norm weights and biases stay float32. Matrices of one kind are stacked over layers (one array each,
 for the one-call forward pass); [wq; wk; wv] and [w1; w3] are packed as one matrix each. Packing goes
 a few thousand rows at a time and releases each part of the file as it is copied, so that loading
@@ -21,9 +24,10 @@ from ...formats import Tensor
 from ...formats.ggml import F16
 from .layout import (LANES, NATIVE_TYPES, MixedPanels, QPanels, aligned_empty, layer_of, pack_mixed, pack_panels,
                      pack_parts, stack)
+from .intpanels import INT_TYPES, IntPanels, from_qpanels
 from .simd import to_f16_bits
 
-DTYPES = ("fp32", "fp16", "native")
+DTYPES = ("fp32", "fp16", "native", "int8")
 MATRICES = (("wqkv", ("wq", "wk", "wv")), ("wo", ("wo",)), ("w13", ("w1", "w3")), ("w2", ("w2",)))
 _PACK_ROWS = 4096  # rows dequantized and packed at a time (bounds the float32 temporaries)
 
@@ -159,6 +163,11 @@ def _mixed_kind(per_layer: list[list[Tensor]]) -> MixedPanels | None:
     return pack_mixed([[(key, sum(p.shape[0] for p in ps), make(key, ps)) for key, ps in segs] for segs in layers], k)
 
 
+def _integer(st):
+    """A kind for the integer mode: quantized panels of INT_TYPES as IntPanels, others as they are."""
+    return from_qpanels(st) if isinstance(st, QPanels) and st.ggml_type in INT_TYPES else st
+
+
 def _first(st):
     """Layer 0 of a stack (a matrix packed as a stack of one)."""
     if isinstance(st, QPanels):
@@ -193,9 +202,10 @@ class CPUWeights:
         self.bqkv = _vectors(cfg, tensors, ("bq", "bk", "bv"))
         per_kind = {name: [[tensors[f"layers.{i}.{n}"] for n in parts] for i in range(L)] for name, parts in MATRICES}
         emb, out = tensors["tok_embeddings"], tensors["output"]
-        if dtype == "native":
+        if dtype in ("native", "int8"):
+            conv = _integer if dtype == "int8" else (lambda st: st)
             for name, parts in per_kind.items():
-                setattr(self, name, _native_kind(parts))
+                setattr(self, name, conv(_native_kind(parts)))
             if emb.ggml_type in NATIVE_TYPES:
                 # The largest matrix (Gemma 3's: 178 MB of a 253 MB file), packed last: its file pages
                 # go as its rows are copied, or they and the copy would be the peak of loading.
@@ -208,9 +218,9 @@ class CPUWeights:
             else:
                 self.table = emb.float32()
             if out is emb and self.table is not None:
-                self.output = self.table  # one copy serves both
+                self.table = self.output = conv(self.table)  # one copy serves both
             else:
-                self.output = _first(_native_kind([[out]]))
+                self.output = conv(_first(_native_kind([[out]])))
             emb.release()
         else:
             for name, parts in per_kind.items():
@@ -226,9 +236,9 @@ class CPUWeights:
 
     def storage(self) -> dict[str, str]:
         """How each matrix kind is stored: "f32", "f16" or a GGML quant type name ("Q6_K+Q4_K": a kind of
-        mixed types, `MixedPanels`, its parts in order)."""
+        mixed types, `MixedPanels`, its parts in order; "Q4_0:int8": computed in integers, `IntPanels`)."""
         def kind(m):
-            if isinstance(m, (QPanels, MixedPanels)):
+            if isinstance(m, (QPanels, MixedPanels, IntPanels)):
                 return m.type_name
             return "f16" if m.dtype == np.uint16 else "f32"
         out = {name: kind(getattr(self, name)) for name, _ in MATRICES}

@@ -237,6 +237,8 @@ class CudaBackend(Backend):
                  device=None):
         if dtype not in DTYPES:
             raise TinydetError(f"dtype: expected one of {', '.join(DTYPES)}, found {dtype!r}")
+        if dtype == "int8":
+            raise TinydetError("dtype int8 (integer block dots) runs on the CPU backend only, for now")
         self.dev = device if device is not None else CudaDevice()
         self.name = f"cuda-{self.dev.name}" if isinstance(self.dev, HostDevice) else self.dev.name
         self.config, self.dtype = config, dtype

@@ -1,0 +1,209 @@
+"""The integer mode (dtype "int8": backends/cpu/actq.py, intdot.py, intpanels.py) against the independent
+NumPy reference of its rules (intref.py), bit for bit: activation quantization (ties, zero blocks,
+extremes, non-finite values), every type's product (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K) at every
+token count and thread count, the worst case magnitudes, and the generic and AVX2 builds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numba
+import numpy as np
+import pytest
+
+import intref
+from test_native import assert_same_bits, random_blocks
+from tinydet.backends.cpu import actq, intpanels, layout
+from tinydet.backends.cpu.matmul import matmul
+from tinydet.formats.dequant import dequantize
+from tinydet.formats.ggml import GGML_TYPE_IDS
+
+TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0"]
+K_TYPES = ["Q4_K", "Q5_K", "Q6_K"]
+f32 = np.float32
+
+
+def unslot(xq: np.ndarray) -> np.ndarray:
+    """actq's stored order (groups of 8 as 0, 2, 4, 6, 1, 3, 5, 7) back to element order."""
+    T, K = xq.shape
+    g = xq.reshape(T, K // 8, 2, 4)  # [evens, odds]
+    return g.transpose(0, 1, 3, 2).reshape(T, K)
+
+
+def tricky_rows(rng, T, K):
+    """Rows whose blocks hit the rule's edges: ties (x * id = k + 0.5 exactly), zero blocks, amax at
+    float32's extremes and below 2^-64, one huge value among tiny ones, ordinary normals."""
+    x = rng.standard_normal((T, K)).astype(f32)
+    for t in range(T):
+        for b in range(K // 32):
+            blk = x[t, 32 * b:32 * b + 32]
+            kind = (t * 7 + b) % 8
+            if kind == 0:  # amax 127: id = 1, halves are ties
+                blk[:] = rng.integers(-126, 126, 32) + f32(0.5)
+                blk[rng.integers(0, 32)] = f32(-127.0)
+            elif kind == 1:  # amax 254: id = 0.5, odd integers are ties
+                blk[:] = 2 * rng.integers(-63, 63, 32) + 1
+                blk[0] = f32(254.0)
+            elif kind == 2:
+                blk[:] = 0
+                blk[5] = -0.0
+            elif kind == 3:
+                blk *= f32(3e37)
+            elif kind == 4:
+                blk *= f32(1e-21)  # amax below 2^-64: zeros
+            elif kind == 5:
+                blk *= f32(1e-30)
+                blk[3] = f32(2e-19)
+    return x
+
+
+def test_activation_quantization_equals_reference():
+    rng = np.random.default_rng(1)
+    x = tricky_rows(rng, 9, 256)
+    xq, xd, xs = actq.quantize(x, 32)
+    q, d = intref.quantize(x)
+    assert np.array_equal(unslot(xq).astype(np.int64), q)
+    assert np.array_equal(xd.view(np.uint32), d.view(np.uint32))
+    assert np.array_equal(xs, q.reshape(9, -1, 16).sum(axis=2))
+    assert (np.abs(q) == 127).any() and (d == 0).any() and (q.reshape(9, -1, 32) == 0).all(axis=2).any()
+    # the ties really occur and go to even
+    v = x[0, :32] * (f32(127) / np.abs(x[0, :32]).max())
+    assert (v - np.floor(v) == 0.5).any()
+
+
+def test_nonfinite_activations_make_their_blocks_nan():
+    x = np.ones((3, 64), f32)
+    x[0, 3], x[1, 40], x[2, 0] = np.nan, np.inf, -np.inf
+    xq, xd, _ = actq.quantize(x, 32)
+    assert np.isnan(xd[0, 0]) and xd[0, 1] == f32(1 / 127) and np.isnan(xd[1, 1]) and np.isnan(xd[2, 0])
+    assert (xq[0, :32] == 0).all() and (xq[1, 32:] == 0).all()
+    raw = random_blocks("Q4_0", 40, 64, 3)
+    qp = intpanels.from_qpanels(layout.pack_quantized(raw, GGML_TYPE_IDS["Q4_0"], 64))
+    out = np.empty((3, 40), f32)
+    matmul(x, qp, 40, out)
+    assert np.isnan(out).all()
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_reference_reads_the_files_quants(name):
+    """The reference's integer quants and scales are the gguf dequantization's values."""
+    n, k = 50, 128
+    raw = random_blocks(name, n, k, 5)
+    q, d, m = intref.block_quants(raw, name, n, k)
+    qd = (q - intref.OFFSET[name]).astype(f32).reshape(n, -1, 32)
+    w = qd * d[:, :, None] if m is None else d[:, :, None] * qd + m[:, :, None]
+    want = dequantize(raw, GGML_TYPE_IDS[name], (n, k))
+    ok = np.isfinite(want)
+    assert np.array_equal(w.reshape(n, k)[ok], want[ok])
+
+
+@pytest.mark.parametrize("name", K_TYPES)
+def test_k_reference_reads_the_files_quants(name):
+    """The reference's K-quant integers (quants, sub-block scales and mins) give the gguf package's
+    dequantization: dl = d * sc, ml = dmin * mn, w = dl * q - ml (Q6_K: dl * (q - 32))."""
+    gguf = pytest.importorskip("gguf")
+    n, k = 40, 512
+    raw = random_blocks(name, n, k, 5)
+    q, sc, mn, d, dmin = intref.k_block_quants(raw, name, n, k)
+    if name == "Q6_K":
+        dl = d[:, :, None] * sc.reshape(n, -1, 16).astype(f32)
+        w = dl[:, :, :, None] * (q - 32).reshape(n, -1, 16, 16).astype(f32)
+    else:
+        dl = d[:, :, None] * sc.reshape(n, -1, 8).astype(f32)
+        ml = dmin[:, :, None] * mn.reshape(n, -1, 8).astype(f32)
+        w = dl[:, :, :, None] * q.reshape(n, -1, 8, 32).astype(f32) - ml[:, :, :, None]
+    want = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, name)).reshape(n, k)
+    ok = np.isfinite(want)
+    assert np.array_equal(w.reshape(n, k)[ok], want[ok].astype(f32))
+
+
+@pytest.mark.parametrize("name", K_TYPES)
+@pytest.mark.parametrize("shape", [(100, 256), (70, 768)])
+def test_k_product_equals_reference(name, shape, restore_threads):
+    n, k = shape
+    raw = random_blocks(name, n, k, 8)
+    x = tricky_rows(np.random.default_rng(3), 11, k)
+    want = intref.k_product(x, raw, name, n, k)
+    for T in (1, 2, 5, 11):
+        for th in (1, 2, 3):
+            assert_same_bits(int_product(x[:T], raw, name, n, k, th), want[:T], f"{name} T={T} threads={th}")
+
+
+def int_product(x, raw, name, n, k, threads=None):
+    ip = intpanels.from_qpanels(layout.pack_quantized(raw, GGML_TYPE_IDS[name], k))
+    out = np.full((x.shape[0], n), np.nan, f32)
+    matmul(x, ip, n, out, threads=threads)
+    return out
+
+
+@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("shape", [(100, 96), (200, 576)])
+def test_product_equals_reference(name, shape, restore_threads):
+    n, k = shape
+    rng = np.random.default_rng(2)
+    raw = random_blocks(name, n, k, 7)
+    x = tricky_rows(rng, 17, k)
+    want = intref.product(x, raw, name, n, k)
+    for T in (1, 2, 3, 4, 5, 10, 17):
+        for th in (1, 2, 3):
+            assert_same_bits(int_product(x[:T], raw, name, n, k, th), want[:T], f"{name} T={T} threads={th}")
+    assert_same_bits(int_product(x[5:6], raw, name, n, k), want[5:6], "a row alone")
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_worst_case_magnitudes(name):
+    """Every quant at its extreme against activations at +-127: no overflow, no saturation."""
+    n, k = 64, 256
+    bs = intref.BLOCK_BYTES[name]
+    raw = np.zeros((n, k // 32, bs), np.uint8)
+    raw[:, :, 0:2] = np.frombuffer(np.float16(1.0).tobytes(), np.uint8)
+    if name == "Q8_0":
+        raw[: n // 2, :, 2:] = 0x80  # -128
+        raw[n // 2:, :, 2:] = 0x7F
+    else:
+        raw[: n // 2, :, 2:] = 0xFF  # nibbles 15 (Q5_0: 31 with the high bits)
+        raw[n // 2:, :, 2:] = 0x00  # 0 (Q5_0: 0)
+        if name == "Q4_1":
+            raw[:, :, 2:4] = np.frombuffer(np.float16(-2.0).tobytes(), np.uint8)
+    raw = raw.reshape(n, -1)
+    x = np.ones((4, k), f32)
+    x[1] = -1
+    x[2, ::2] = -1
+    x[3] = np.where(np.arange(k) % 3 == 0, f32(1), f32(-1))
+    want = intref.product(x, raw, name, n, k)
+    assert_same_bits(int_product(x, raw, name, n, k), want, name)
+    assert np.isfinite(want).all() and np.abs(want).max() > 0
+
+
+def test_generic_and_avx2_builds_give_the_same_bits(tmp_path):
+    """Compiled for a generic x86-64 (plain vector integer IR) and for Haswell (AVX2's vpmaddubsw and
+    vpmaddwd), the bits of the reference, as the host build's (AVX-512 VNNI here) are: every type."""
+    cases = [(name, 100, 192) for name in TYPES] + [(name, 70, 512) for name in K_TYPES]
+    script = tmp_path / "gen.py"
+    script.write_text(
+        "import sys, numpy as np\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from test_intdot import int_product, tricky_rows\n"
+        "from test_native import random_blocks\n"
+        f"for name, n, k in {cases!r}:\n"
+        "    raw = random_blocks(name, n, k, 9)\n"
+        "    x = tricky_rows(np.random.default_rng(0), 7, k)\n"
+        "    np.save(sys.argv[2] + name + '.npy', np.concatenate([int_product(x[:1], raw, name, n, k), "
+        "int_product(x, raw, name, n, k)]))\n")
+    for cpu in ("generic", "haswell"):
+        env = dict(os.environ, NUMBA_CPU_NAME=cpu, NUMBA_CACHE_DIR=numba.config.CACHE_DIR)
+        env.pop("NUMBA_CPU_FEATURES", None)
+        dest = tmp_path / f"{cpu}-"
+        r = subprocess.run([sys.executable, str(script), str(Path(__file__).parent), str(dest)], env=env,
+                           capture_output=True, text=True, timeout=1500)
+        assert r.returncode == 0, r.stderr[-2000:]
+        for name, n, k in cases:
+            raw = random_blocks(name, n, k, 9)
+            x = tricky_rows(np.random.default_rng(0), 7, k)
+            want = (intref.k_product if name in K_TYPES else intref.product)(x, raw, name, n, k)
+            got = np.load(f"{dest}{name}.npy")
+            assert_same_bits(got[:1], want[:1], f"{cpu} {name}")
+            assert_same_bits(got[1:], want, f"{cpu} {name}")
