@@ -20,7 +20,7 @@ from ...config import ModelConfig
 from ...formats import Tensor
 from ...formats.ggml import F16
 from .layout import (LANES, NATIVE_TYPES, MixedPanels, QPanels, aligned_empty, layer_of, pack_mixed, pack_panels,
-                     pack_parts, stack)
+                     pack_parts, pack_stack)
 from .simd import to_f16_bits
 
 DTYPES = ("fp32", "fp16", "native")
@@ -102,13 +102,9 @@ def _native_kind(per_layer: list[list[Tensor]]):
     kind = kinds.pop() if len(kinds) == 1 else None
     if kind in NATIVE_TYPES:
         k = per_layer[0][0].shape[1]
-
-        def packed():  # one layer at a time into the stack, its file bytes let go once copied
-            for parts in per_layer:
-                qp = pack_parts([(p.data, p.row_order, p.ggml_type) for p in parts], kind, k)
-                _release([parts])
-                yield qp
-        return stack(packed(), len(per_layer))
+        # one layer at a time straight into the stack, its file bytes let go once copied
+        return pack_stack([[(p.data, p.row_order, p.ggml_type) for p in parts] for parts in per_layer], kind, k,
+                          done=lambda li: _release([per_layer[li]]))
     if kind == F16:  # the file's fp16 bits, moved as they are
         st = _stack([_f16_panels(parts) for parts in per_layer])
         _release(per_layer)
