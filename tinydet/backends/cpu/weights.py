@@ -177,8 +177,14 @@ class CPUWeights:
       wqkv [wq; wk; wv], wo, w13 [w1; w3], w2: panels; norm (dim,); output: panels;
       table: the embedding, a (vocab, dim) float array, or the output's storage when tied to it."""
 
-    def __init__(self, cfg: ModelConfig, tensors: dict[str, Tensor], dtype: str):
+    def __init__(self, cfg: ModelConfig, tensors: dict[str, Tensor], dtype: str, progress=None):
+        """`progress(done, total, name)`, if given, is called as each matrix kind is packed."""
         L = cfg.n_layers
+        steps = [name for name, _ in MATRICES] + ["output"]
+
+        def step(name):
+            if progress is not None:
+                progress(steps.index(name) + 1, len(steps), f"packing {name}")
         self.norm = tensors["norm"].float32()
         self.attn_norm = _vectors(cfg, tensors, ("attention_norm",))
         self.ffn_norm = _vectors(cfg, tensors, ("ffn_norm",))
@@ -192,6 +198,7 @@ class CPUWeights:
         if dtype == "native":
             for name, parts in per_kind.items():
                 setattr(self, name, _native_kind(parts))
+                step(name)
             if emb.ggml_type in NATIVE_TYPES:
                 # The largest matrix (Gemma 3's: 178 MB of a 253 MB file), packed last: its file pages
                 # go as its rows are copied, or they and the copy would be the peak of loading.
@@ -211,6 +218,7 @@ class CPUWeights:
         else:
             for name, parts in per_kind.items():
                 setattr(self, name, _pack_stack(parts, dtype))
+                step(name)
             self.output = _pack_float([out], dtype)
             if out is emb:
                 self.table = None  # tied: rows are read from the output panels (same values)
@@ -219,6 +227,14 @@ class CPUWeights:
                 emb.release()
         if self.table is None:
             self.table = self.output
+        step("output")
+
+    @classmethod
+    def restore(cls, attrs: dict) -> "CPUWeights":
+        """Weights from their attributes as `panelcache` kept them (arrays already packed)."""
+        w = cls.__new__(cls)
+        vars(w).update(attrs)
+        return w
 
     def storage(self) -> dict[str, str]:
         """How each matrix kind is stored: "f32", "f16" or a GGML quant type name ("Q6_K+Q4_K": a kind of
