@@ -8,19 +8,24 @@ import functools
 import signal
 import sys
 import threading
+import time
 
 import click
 
 from ..errors import TinydetError
 
 
-def _progress(label: str):
-    """A stderr progress line for loading, shown only on a terminal."""
+def _progress(label: str, delay: float = 1.0):
+    """A stderr progress line for loading (the tensors found, then the matrices packed), shown only
+    on a terminal and only once the load has taken `delay` seconds: a fast load prints nothing."""
     if not sys.stderr.isatty():
         return None
+    start = time.monotonic()
 
     def show(done: int, total: int, name: str) -> None:
-        click.echo(f"\rloading {label}: {done}/{total} tensors {name[:40]:<40}", err=True, nl=False)
+        if time.monotonic() - start < delay:
+            return
+        click.echo(f"\rloading {label}: {done}/{total} {name[:40]:<40}", err=True, nl=False)
         if done == total:
             click.echo("", err=True)
 
