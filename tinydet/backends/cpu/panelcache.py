@@ -304,9 +304,4 @@ def load_or_pack(model_path: Path, dtype: str, pack: Callable[[], object], rebui
                 _unlink(old)
     except OSError as e:
         sys.stderr.write(f"tinydet: packed panels not cached ({e.strerror or e}); loading normally\n")
-        return weights
-    # The packed copy goes and the file's pages take its place (checked as on any later load): the
-    # file is not mapped next to the copy, which would double the peak of a first load.
-    del weights
-    attrs = read(path, key)
-    return rebuild(attrs) if attrs is not None else pack()
+    return weights
