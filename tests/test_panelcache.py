@@ -215,3 +215,31 @@ def test_progress_line_only_on_a_terminal_after_a_second(monkeypatch):
     show(5, 5, "packing output")
     out = term.getvalue()
     assert "loading m: 3/5 packing w13" in out and "5/5 packing output" in out and out.endswith("\n")
+
+
+def test_f16_rows_for_fp16_are_the_round_trip():
+    """fp16 panels of an F16 tensor take its bits where no row has a NaN: the same as widening to
+    float32 and rounding back, on every non-NaN pattern; rows with a NaN take the round trip."""
+    from tinydet.backends.cpu.simd import to_f16_bits
+    from tinydet.backends.cpu.weights import _pack_float, storage
+    from tinydet.formats import Tensor
+    from tinydet.formats.ggml import F16
+
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    nan = ((bits & 0x7C00) == 0x7C00) & ((bits & 0x03FF) != 0)
+    back = to_f16_bits(bits.view(np.float16).astype(np.float32))
+    assert np.array_equal(back[~nan], bits[~nan])
+    rng = np.random.default_rng(0)
+    for with_nan in (False, True):
+        w = rng.choice(bits[~nan], (100, 96)).astype(np.uint16)
+        if with_nan:
+            w[70, 5] = 0x7E01
+        order = rng.permutation(100)
+        w2 = rng.choice(bits[~nan], (37, 96)).astype(np.uint16)
+        for ro in (None, order):
+            t = Tensor(w.reshape(-1).view(np.uint8), F16, (100, 96), ro)
+            t2 = Tensor(w2.reshape(-1).view(np.uint8), F16, (37, 96))  # its rows straddle panels
+            want = storage(np.concatenate([t.float32(), t2.float32()]), "fp16")
+            got = _pack_float([t, t2], "fp16")
+            assert np.array_equal(got.transpose(0, 2, 1).reshape(-1, 96)[:137], want)
+            assert not got.transpose(0, 2, 1).reshape(-1, 96)[137:].any()

@@ -202,3 +202,31 @@ def any_bad(bits: np.ndarray, ok: np.ndarray) -> bool:
     flags = np.zeros(flat.shape[0], np.uint8)
     _bad_panels(flat, ok, flags)
     return bool(flags.any())
+
+
+@njit(parallel=True, cache=True)
+def _f16_rows(bits, order, g, out, nan):
+    """Rows order[i] of bits (R, k) uint16 into float panels out (P, k, 64) at row g + i, moved as they
+    are; nan[p] = 1 where a row of panel p (counted from g's) holds a NaN pattern."""
+    n, k, lanes = order.shape[0], bits.shape[1], out.shape[2]
+    p0 = g // lanes
+    for p in prange(p0, (g + n + lanes - 1) // lanes):
+        flag = 0
+        for row in range(max(g, p * lanes), min(g + n, (p + 1) * lanes)):
+            src = bits[order[row - g]]
+            j = row - p * lanes
+            for c in range(k):
+                v = src[c]
+                if (v & 0x7C00) == 0x7C00 and (v & 0x03FF) != 0:
+                    flag = 1
+                out[p, c, j] = v
+        nan[p - p0] = flag
+
+
+def f16_rows(bits: np.ndarray, order: np.ndarray, g: int, out: np.ndarray) -> bool:
+    """Rows `order` of fp16 bits (R, k) moved into fp16 panels `out` from row g; False if any is a NaN
+    (the caller then takes the float32 round trip for them)."""
+    lanes = out.shape[2]
+    nan = np.zeros((g + order.shape[0] + lanes - 1) // lanes - g // lanes, np.uint8)
+    _f16_rows(bits, order, g, out, nan)
+    return not nan.any()
