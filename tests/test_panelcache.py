@@ -243,3 +243,17 @@ def test_f16_rows_for_fp16_are_the_round_trip():
             got = _pack_float([t, t2], "fp16")
             assert np.array_equal(got.transpose(0, 2, 1).reshape(-1, 96)[:137], want)
             assert not got.transpose(0, 2, 1).reshape(-1, 96)[137:].any()
+
+
+def test_cli_no_panel_cache(model_file, tmp_path):
+    from click.testing import CliRunner
+
+    from tinydet.cli import main
+
+    args = ["generate", "Once", "--model", str(model_file), "--dtype", "native", "--max-tokens", "1"]
+    r = CliRunner().invoke(main, args + ["--no-panel-cache"])
+    assert r.exit_code == 0, r.output
+    assert cache_files(tmp_path) == []
+    r = CliRunner().invoke(main, args)  # the flag does not stick to later invocations
+    assert r.exit_code == 0, r.output
+    assert len(cache_files(tmp_path)) == 1
