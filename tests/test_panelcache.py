@@ -257,3 +257,17 @@ def test_cli_no_panel_cache(model_file, tmp_path):
     r = CliRunner().invoke(main, args)  # the flag does not stick to later invocations
     assert r.exit_code == 0, r.output
     assert len(cache_files(tmp_path)) == 1
+
+
+def test_old_temporary_files_are_swept(model_file, tmp_path):
+    import os
+    import time
+
+    folder = tmp_path / "cache" / "panels"
+    folder.mkdir(parents=True)
+    old, new = folder / "x.tdp.abc.tmp", folder / "y.tdp.def.tmp"
+    for p in (old, new):
+        p.write_bytes(b"partial")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    tinydet.load(model_file, dtype="native")
+    assert not old.exists() and new.exists() and len(cache_files(tmp_path)) == 1

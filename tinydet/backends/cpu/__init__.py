@@ -10,6 +10,8 @@
   ops.py      RMSNorm, RoPE, attention, activations
   forward.py  the one forward pass (an op hook traces it or injects faults)
   weights.py  a checkpoint packed for a dtype
+  repack.py   the packers' kernels (GGUF blocks and F16 rows moved into panels, in parallel)
+  panelcache.py  packed panels kept on disk, checked, and mapped on later loads
 
 numba's on-disk cache does not notice edits to jitted helpers in other modules, so the cache lives in
 a directory keyed by a hash of every source file here and the numba version: any edit gets a fresh

@@ -31,6 +31,7 @@ import os
 import struct
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -245,6 +246,17 @@ def read(path: Path, key: dict) -> dict | None:
             return None
 
 
+def _sweep(folder: Path, age: float = 3600.0) -> None:
+    """Remove temporary files an hour old: what a writer killed outright (no cleanup ran) left."""
+    now = time.time()
+    for tmp in folder.glob("*.tdp.*.tmp"):
+        try:
+            if now - tmp.stat().st_mtime > age:
+                tmp.unlink()
+        except OSError:
+            pass
+
+
 def write(path: Path, key: dict, weights) -> None:
     """Write `weights` (a CPUWeights) to `path`: a temporary file, checksummed, then renamed."""
     attrs, arrays = _layout(weights)
@@ -262,6 +274,7 @@ def write(path: Path, key: dict, weights) -> None:
     if _PREFIX.size + len(head) > head_room:
         raise AssertionError("panel cache header outgrew its room")
     path.parent.mkdir(parents=True, exist_ok=True)
+    _sweep(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "w+b") as f:
