@@ -271,3 +271,26 @@ def test_old_temporary_files_are_swept(model_file, tmp_path):
     os.utime(old, (time.time() - 7200, time.time() - 7200))
     tinydet.load(model_file, dtype="native")
     assert not old.exists() and new.exists() and len(cache_files(tmp_path)) == 1
+
+
+def test_other_attributes_round_trip_or_skip_the_cache(model_file, tmp_path, monkeypatch):
+    """The cache is generic over what a CPUWeights holds: scalars and tuples of arrays come back as
+    they were; an object it cannot describe leaves the load uncached, not failed."""
+    from tinydet.backends.cpu import weights as W
+
+    key, path, w = _build(model_file)
+    w.extra = (w.norm, 3, "x", None, [1.5])
+    path.unlink()
+    panelcache.write(path, key, w)
+    back = w.restore(panelcache.read(path, key))
+    assert back.extra[1:] == (3, "x", None, [1.5]) and np.array_equal(back.extra[0], w.norm)
+    for p in cache_files(tmp_path):
+        p.unlink()
+    real = W.CPUWeights.__init__
+
+    def with_object(self, *a, **k):
+        real(self, *a, **k)
+        self.odd = object()
+    monkeypatch.setattr(W.CPUWeights, "__init__", with_object)
+    m = tinydet.load(model_file, dtype="native")
+    assert m.backend.weights.odd is not None and cache_files(tmp_path) == []

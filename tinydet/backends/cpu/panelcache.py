@@ -166,8 +166,10 @@ def _unlink(path) -> None:
 
 def _describe(obj, arrays: list, ids: dict):
     """A JSON description of one attribute of the weights; its arrays appended to `arrays` once."""
-    if obj is None:
-        return None
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return {"value": obj}
+    if isinstance(obj, (tuple, list)):
+        return {"tuple" if isinstance(obj, tuple) else "list": [_describe(x, arrays, ids) for x in obj]}
     if isinstance(obj, np.ndarray):
         if id(obj) not in ids:
             ids[id(obj)] = len(arrays)
@@ -179,12 +181,17 @@ def _describe(obj, arrays: list, ids: dict):
     if isinstance(obj, MixedPanels):
         return {"mixed": [obj.n, obj.k], "parts": [_describe(p, arrays, ids) for p in obj.parts],
                 "table": _describe(obj.table, arrays, ids)}
-    raise TypeError(f"panel cache: cannot store a {type(obj).__name__}")
+    raise TypeError(f"panel cache: cannot store a {type(obj).__name__}")  # the load then packs, uncached
 
 
 def _rebuild(desc, arrays: list[np.ndarray]):
     if desc is None:
         return None
+    if "value" in desc:
+        return desc["value"]
+    if "tuple" in desc or "list" in desc:
+        items = [_rebuild(x, arrays) for x in desc.get("tuple", desc.get("list"))]
+        return tuple(items) if "tuple" in desc else items
     if "array" in desc:
         return arrays[desc["array"]]
     if "qpanels" in desc:
@@ -305,7 +312,11 @@ def load_or_pack(model_path: Path, dtype: str, pack: Callable[[], object], rebui
     if attrs is not None:
         return rebuild(attrs)
     weights = pack()
-    if weights.nbytes() > MAX_GROWTH * model_path.stat().st_size:
+    try:
+        _, arrays = _layout(weights)
+    except TypeError:  # weights holding something this file cannot describe: packed on every load
+        return weights
+    if sum(a.nbytes for a in arrays) > MAX_GROWTH * model_path.stat().st_size:
         return weights
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
