@@ -17,7 +17,11 @@ from pathlib import Path
 
 import pytest
 
-import tinydet  # first: sizes numba's thread pool before anything imports numba
+# Loads do not keep packed panels on disk unless a test asks (test_panelcache.py): a test that checks
+# packing must pack, and a test run must not fill the user's cache.
+os.environ.setdefault("TINYDET_NO_PANEL_CACHE", "1")
+
+import tinydet  # first: sizes numba's thread pool before anything imports numba  # noqa: E402
 # The backend too (`import tinydet` leaves it for first use): numba's kernel cache folder is chosen
 # when it is imported, and a test's temporary TINYDET_CACHE_DIR would make the kernels compile again.
 import tinydet.api  # noqa: F401

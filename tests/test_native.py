@@ -802,10 +802,9 @@ def test_pack_parts_releases_each_chunk_after_copying_it(name, monkeypatch):
         assert (a is None and b is None) or (a.dtype == b.dtype and np.array_equal(a, b)), f
 
 
-def test_scale_check_reads_every_chunk(monkeypatch):
-    """Scales are checked a slice of panels at a time (no float32 copy of a whole table's scales): a
-    signaling NaN in the last slice still makes the whole matrix store NumPy's float32 scales."""
-    monkeypatch.setattr(layout, "_SCALE_CHUNK", 64)  # one panel of 2 blocks x 32 rows a slice
+def test_scale_check_reads_every_panel():
+    """Scales are checked in place (no float32 copy of a whole table's scales): a
+    signaling NaN in the last panel still makes the whole matrix store NumPy's float32 scales."""
     n, k = 100, 64  # 4 panels
     raw = random_blocks("Q8_0", n, k, seed=8)
     assert layout.pack_quantized(raw, layout.Q8_0, k).d.dtype == np.uint16

@@ -220,7 +220,8 @@ class Model:
 
 def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: int | None = None,
          progress: Callable[[int, int, str], None] | None = None, verify: bool = False,
-         log: str | os.PathLike | None = None, check_memory: bool | None = None, device: str = "cpu") -> Model:
+         log: str | os.PathLike | None = None, check_memory: bool | None = None, device: str = "cpu",
+         panel_cache: bool | None = None) -> Model:
     """Load a model: a GGUF file, a Hugging Face directory (config.json + safetensors), or the name of
     a known model (`tinydet models`), pulled into the cache on first use; None means the default
     model. `dtype` is "fp32", "fp16" (weights and KV cache stored as binary16, arithmetic in
@@ -234,7 +235,10 @@ def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: i
     is compared with what the machine has available, and a load that does not fit raises
     MemoryLimitError; `check_memory=False` (or, when it is None, TINYDET_NO_MEMORY_CHECK=1) skips that.
     `device` is "cpu", or "cuda" / "cuda:N" for an NVIDIA GPU through CuPy (the CPU's bits; weights are
-    packed in host memory, then copied), or "cuda-host" (the GPU's kernels emulated on the CPU, slowly)."""
+    packed in host memory, then copied), or "cuda-host" (the GPU's kernels emulated on the CPU, slowly).
+    `panel_cache` keeps a GGUF file's packed weights on disk after the first load and maps them on
+    later ones (`backends/cpu/panelcache.py`); False, or (when it is None) TINYDET_NO_PANEL_CACHE=1,
+    turns that off."""
     from .registry import DEFAULT_MODEL
 
     from .backends.cpu import DTYPES
@@ -249,4 +253,8 @@ def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: i
         check_memory = os.environ.get(memory.ENV_OVERRIDE, "") in ("", "0")
     if check_memory:
         memory.check_memory(ck.path, ck.config, ck.tensors, dtype)
-    return Model(ck.path, load_backend(dev, ck.config, ck.tensors, dtype, threads), ck.tokenizer, ck.metadata, log)
+    from .backends.cpu import panelcache
+
+    source = ck.path if dev is None and ck.format == "gguf" and panelcache.enabled(panel_cache) else None
+    return Model(ck.path, load_backend(dev, ck.config, ck.tensors, dtype, threads, source, progress), ck.tokenizer,
+                 ck.metadata, log)

@@ -34,14 +34,17 @@ def open_device(device: str):
     return HostDevice() if device == "cuda-host" else CudaDevice(int(device.partition(":")[2] or 0))
 
 
-def load_backend(device, config, tensors: dict, dtype: str, threads: int | None) -> Backend:
-    """Pack a checkpoint's tensors for `device`: a name of DEVICES, or what `open_device` returned."""
+def load_backend(device, config, tensors: dict, dtype: str, threads: int | None, source=None,
+                 progress=None) -> Backend:
+    """Pack a checkpoint's tensors for `device`: a name of DEVICES, or what `open_device` returned.
+    `source`, the model file, lets the CPU backend keep its packed panels (`cpu/panelcache.py`);
+    `progress(done, total, name)` hears of the CPU backend's packing."""
     if isinstance(device, str):
         device = open_device(device)
     if device is None:
         from .cpu import CPUBackend
 
-        return CPUBackend(config, tensors, dtype, threads)
+        return CPUBackend(config, tensors, dtype, threads, source, progress)
     from .cupy import CudaBackend
 
     return CudaBackend(config, tensors, dtype, threads, device)

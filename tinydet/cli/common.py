@@ -1,6 +1,7 @@
 """What every command shares: the error and signal handling (cli_errors), the options common to
-several commands (model_options, sampling_options, device_option, no_memory_check_option) and
-loading a model with a progress line (_load, which the commands reach through loader())."""
+several commands (model_options, sampling_options, device_option, no_memory_check_option,
+no_panel_cache_option) and loading a model with a progress line (_load, which the commands reach
+through loader())."""
 
 from __future__ import annotations
 
@@ -8,19 +9,24 @@ import functools
 import signal
 import sys
 import threading
+import time
 
 import click
 
 from ..errors import TinydetError
 
 
-def _progress(label: str):
-    """A stderr progress line for loading, shown only on a terminal."""
+def _progress(label: str, delay: float = 1.0):
+    """A stderr progress line for loading (the tensors found, then the matrices packed), shown only
+    on a terminal and only once the load has taken `delay` seconds: a fast load prints nothing."""
     if not sys.stderr.isatty():
         return None
+    start = time.monotonic()
 
     def show(done: int, total: int, name: str) -> None:
-        click.echo(f"\rloading {label}: {done}/{total} tensors {name[:40]:<40}", err=True, nl=False)
+        if time.monotonic() - start < delay:
+            return
+        click.echo(f"\rloading {label}: {done}/{total} {name[:40]:<40}", err=True, nl=False)
         if done == total:
             click.echo("", err=True)
 
@@ -83,6 +89,19 @@ no_memory_check_option = click.option(
     help="Load even when the estimated memory needed exceeds what is available (TINYDET_NO_MEMORY_CHECK=1).")
 
 
+_panel_cache = True  # --no-panel-cache turns it off for this process's loads
+
+
+def _no_panel_cache(ctx, param, value):
+    global _panel_cache
+    _panel_cache = not value  # set on every invocation, as --no-memory-check
+
+
+no_panel_cache_option = click.option(
+    "--no-panel-cache", is_flag=True, expose_value=False, callback=_no_panel_cache,
+    help="Pack the weights on every load; do not keep or use packed panels on disk (TINYDET_NO_PANEL_CACHE=1).")
+
+
 def _check_device(ctx, param, value):
     from ..backends import check_device
 
@@ -102,6 +121,7 @@ def model_options(fn):
     for opt in reversed([
         device_option,
         no_memory_check_option,
+        no_panel_cache_option,
         click.option("--model", "model_name", default=None,
                      help="A GGUF file, a Hugging Face directory or a known model name (`tinydet models`). "
                           "Default: smollm2-135m-instruct, pulled on first use."),
@@ -147,7 +167,8 @@ def _load(model_name, dtype, threads, verify, log_path=None, device="cpu"):
         _compile_notice = True
         on_first_compile(lambda: click.echo(COMPILE_NOTICE, err=True))
     return load(model_name, dtype=dtype, threads=threads, progress=_progress(model_name or "default model"),
-                verify=verify, log=log_path, check_memory=None if _memory_check else False, device=device)
+                verify=verify, log=log_path, check_memory=None if _memory_check else False, device=device,
+                panel_cache=None if _panel_cache else False)
 
 
 LOADER = "tinydet.cli._load"  # the click context's meta key under which `main` hands the commands their loader

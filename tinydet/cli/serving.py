@@ -9,7 +9,7 @@ import click
 
 from ..errors import TinydetError
 from . import common
-from .common import cli_errors, device_option, loader, no_memory_check_option
+from .common import cli_errors, device_option, loader, no_memory_check_option, no_panel_cache_option
 
 
 def _cluster_module():
@@ -68,6 +68,7 @@ def replica_options(fn):
                      help="Minutes between canary runs after the one at start (0 = only at start)."),
         click.option("--verify", is_flag=True, help="Re-hash a known model's file before use."),
         no_memory_check_option,
+        no_panel_cache_option,
     ]
     for option in reversed(options):
         fn = option(fn)

@@ -326,6 +326,12 @@ class _Pieces:
         return self._data[self._ends[i]:self._ends[i + 1]]
 
 
+# Byte-level text to bytes with one str.translate: each of the 256 byte-level characters to the
+# character of its byte (latin-1), every other character below 256 to one latin-1 cannot encode, so
+# that a token with any character outside the alphabet fails to encode, as a per-character lookup did.
+_BYTE_LEVEL = {**{i: "\uffff" for i in range(256)}, **{ord(c): chr(b) for c, b in _CHAR_TO_BYTE.items()}}
+
+
 def _gguf_pieces(tokens: list[str], types: list[int], spm: bool) -> Iterator[bytes]:
     """Bytes each token contributes to decoded text, as llama.cpp's token_to_piece(special=false):
     control, unknown, unused and undefined tokens give nothing; user-defined tokens their text.
@@ -338,8 +344,8 @@ def _gguf_pieces(tokens: list[str], types: list[int], spm: bool) -> Iterator[byt
                 yield t.replace(SPIECE_UNDERLINE, " ").encode("utf-8")
             else:
                 try:
-                    b = bytes(_CHAR_TO_BYTE[c] for c in t)
-                except KeyError:  # not byte-level text: take it as written
+                    b = t.translate(_BYTE_LEVEL).encode("latin-1")
+                except UnicodeEncodeError:  # not byte-level text: take it as written
                     b = t.encode("utf-8")
                 yield b
         elif ty == TOKEN_BYTE and spm:

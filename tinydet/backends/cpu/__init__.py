@@ -13,6 +13,8 @@
   ops.py      RMSNorm, RoPE, attention, activations
   forward.py  the one forward pass (an op hook traces it or injects faults)
   weights.py  a checkpoint packed for a dtype
+  repack.py   the packers' kernels (GGUF blocks and F16 rows moved into panels, in parallel)
+  panelcache.py  packed panels kept on disk, checked, and mapped on later loads
 
 numba's on-disk cache does not notice edits to jitted helpers in other modules, so the cache lives in
 a directory keyed by a hash of every source file here and the numba version: any edit gets a fresh
@@ -84,6 +86,7 @@ from ...config import ModelConfig  # noqa: E402
 from ...errors import TinydetError  # noqa: E402
 from ..base import Backend, Hook, KVCache, plan_batch, split_logits  # noqa: E402
 from . import forward as _fw  # noqa: E402
+from . import panelcache  # noqa: E402
 from .layout import as_storage  # noqa: E402
 from .ops import ACTIVATIONS, ATILE, rope_tables  # noqa: E402
 from ...rope import inv_freq  # noqa: E402
@@ -148,17 +151,24 @@ class CPUKVCache(KVCache):
 
 class CPUBackend(Backend):
     """A model packed for the CPU kernels. `CPUBackend(config, tensors, dtype, threads)` packs the
-    checkpoint's tensors (canonical names, `formats.Tensor`s) for "fp32", "fp16", "native" or "int8"."""
+    checkpoint's tensors (canonical names, `formats.Tensor`s) for "fp32", "fp16", "native" or "int8";
+    `source` (the model file) keeps the packed panels on disk (`panelcache`), `progress(done, total,
+    name)` hears of each matrix kind packed."""
 
     name = "cpu-numba"
 
-    def __init__(self, config: ModelConfig, tensors: dict, dtype: str = "fp32", threads: int | None = None):
+    def __init__(self, config: ModelConfig, tensors: dict, dtype: str = "fp32", threads: int | None = None,
+                 source: Path | None = None, progress=None):
         if dtype not in DTYPES:
             raise TinydetError(f"dtype: expected one of {', '.join(DTYPES)}, found {dtype!r}")
         self.config, self.dtype = config, dtype
         self.threads = threads
         self.hooks = []
-        self.weights = CPUWeights(config, tensors, dtype)
+        if source is None:
+            self.weights = CPUWeights(config, tensors, dtype, progress)
+        else:  # `source`: the model file, whose packed panels `panelcache` keeps
+            self.weights = panelcache.load_or_pack(source, dtype, lambda: CPUWeights(config, tensors, dtype, progress),
+                                                   CPUWeights.restore)
         w = self.weights
         self._w = (as_storage(w.table), w.attn_norm, as_storage(w.wqkv), w.bqkv, w.q_norm, w.k_norm,
                    as_storage(w.wo), w.post_attn_norm, w.ffn_norm, as_storage(w.w13), as_storage(w.w2),

@@ -57,6 +57,7 @@ import numpy as np
 
 from ...formats.ggml import GGML_TYPE_IDS, GGML_TYPES, Q4_0, Q4_1, Q8_0
 from .simd import HALF as QPANEL  # rows per quantized panel: the kernels' 32-lane vectors
+from . import repack
 from .simd import LANES, from_f16_bits
 
 QBLOCK = 32  # elements per Q8_0 / Q4_0 / Q4_1 / Q5_0 block, and per K-quant sub-block
@@ -169,10 +170,7 @@ def as_storage(w):
     return (w.qs, w.d, w.m, w.sc, w.qh)
 
 
-_CHUNK_ROWS = 4096  # rows regrouped at a time (bounds the temporaries)
-_NIBBLE_SHIFTS = np.arange(0, 32, 4, dtype=np.uint32)
-_PAIR_SHIFTS = np.arange(0, 32, 2, dtype=np.uint32)
-_BIT_SHIFTS = np.arange(32, dtype=np.uint32)
+_CHUNK_ROWS = 4096  # rows packed between two release() calls
 
 
 def _check_type(ggml_type) -> int:
@@ -183,7 +181,8 @@ def _check_type(ggml_type) -> int:
     return tid
 
 
-def _rows(raw: np.ndarray, tid: int, k: int, order) -> np.ndarray:
+def _rows(raw: np.ndarray, tid: int, k: int, order) -> tuple[np.ndarray, np.ndarray]:
+    """A part's stored rows (R, row_bytes), a view, and the stored row of each of its rows (order)."""
     t = GGML_TYPES[tid]
     if k <= 0 or k % t.block_size:
         raise ValueError(f"row length must be a positive multiple of {t.block_size}, got {k}")
@@ -193,104 +192,79 @@ def _rows(raw: np.ndarray, tid: int, k: int, order) -> np.ndarray:
     if raw.size % row_bytes:
         raise ValueError(f"{t.name} rows of {k} elements take {row_bytes} bytes; "
                          f"{raw.size} bytes is not a whole number of rows")
-    rows = np.asarray(raw).reshape(-1, row_bytes)
-    if order is not None:
-        order = np.asarray(order, np.int64)
-        if order.shape != (rows.shape[0],) or not np.array_equal(np.sort(order), np.arange(rows.shape[0])):
-            raise ValueError(f"row order must be a permutation of 0..{rows.shape[0] - 1}")
-        rows = rows[order]
-    return rows
+    rows = np.ascontiguousarray(raw).reshape(-1, row_bytes)
+    if order is None:
+        return rows, np.arange(rows.shape[0], dtype=np.int64)
+    order = np.ascontiguousarray(order, np.int64)
+    if order.shape != (rows.shape[0],) or not np.array_equal(np.sort(order), np.arange(rows.shape[0])):
+        raise ValueError(f"row order must be a permutation of 0..{rows.shape[0] - 1}")
+    return rows, order
 
 
-def _into_panels(dst: np.ndarray, r0: int, a: np.ndarray) -> None:
-    """Per-row data a (m, ...) of rows r0.. (r0 a multiple of 32) into panels dst (P, ..., 32): row
-    32p + j at [p, ..., j]; rows past the end of a last, partial panel zero."""
-    m = a.shape[0]
-    full = -(-m // QPANEL) * QPANEL
-    if full != m:
-        a = np.concatenate([a, np.zeros((full - m,) + a.shape[1:], a.dtype)])
-    dst[r0 // QPANEL:(r0 + full) // QPANEL] = np.moveaxis(a.reshape((full // QPANEL, QPANEL) + a.shape[1:]), 1, -1)
+def _parts(parts: Sequence[tuple], tid: int, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    out = []
+    for part in parts:
+        raw, order = part[0], part[1]
+        if len(part) > 2 and int(part[2]) != tid:
+            raise ValueError(f"pack_parts: a part of type {GGML_TYPES.get(int(part[2]), part[2])!s} in a "
+                             f"{NATIVE_TYPES[tid]} matrix; concatenated parts must share one type")
+        out.append(_rows(raw, tid, k, order))
+    if sum(o.shape[0] for _, o in out) == 0:
+        raise ValueError("no rows to pack")
+    return out
 
 
-_SCALE_CHUNK = 1 << 20  # scales checked at a time (Gemma 3's token table has 5.2 million)
+_F16_OK = None
+
+
+def _f16_ok() -> np.ndarray:
+    """(65536,) uint8: 1 where the kernels' integer widening of that fp16 pattern equals NumPy's cast
+    bit for bit and it is not a signaling NaN (the one input on which the kernels' widenings, integer
+    or F16C, which quiets it, may differ from each other and from NumPy's)."""
+    global _F16_OK
+    if _F16_OK is None:
+        b = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+        want = b.view(np.float16).astype(np.float32)
+        snan = ((b & 0x7C00) == 0x7C00) & ((b & 0x03FF) != 0) & ((b & 0x0200) == 0)
+        _F16_OK = (~snan & (from_f16_bits(b).view(np.uint32) == want.view(np.uint32))).astype(np.uint8)
+    return _F16_OK
 
 
 def _scale_storage(bits: np.ndarray) -> np.ndarray:
     """fp16 scale bits as the kernels take them: the bits, or NumPy's float32 widening of them when
     the kernel's integer widening would not reproduce NumPy's cast bit for bit (only possible for
-    NaN scales). Checked a slice of panels at a time: float32 copies of a large matrix's scales, made
-    once its panels are packed, would add to the peak of loading (Gemma 3's token table: 33 MiB)."""
-    step = max(1, _SCALE_CHUNK // max(1, bits[0].size))
-    for p0 in range(0, bits.shape[0], step):
-        b = bits[p0:p0 + step]
-        want = b.view(np.float16).astype(np.float32)  # quants._f16's widening
-        # Signaling NaNs are the one input on which the kernels' widenings (integer, or F16C, which
-        # quiets them) may differ from each other and from NumPy's.
-        snan = ((b & 0x7C00) == 0x7C00) & ((b & 0x03FF) != 0) & ((b & 0x0200) == 0)
-        if snan.any() or not np.array_equal(from_f16_bits(b).view(np.uint32), want.view(np.uint32)):
-            return bits.view(np.float16).astype(np.float32)
+    NaN scales). Checked in place against a table of the 65536 patterns (`_f16_ok`): no float32 copy
+    of a large matrix's scales unless one is needed."""
+    if repack.any_bad(bits, _f16_ok()):
+        return bits.view(np.float16).astype(np.float32)
     return bits
 
 
-def _words(vals: np.ndarray, shifts: np.ndarray) -> np.ndarray:
-    """(n, m) small unsigned values (< 2**(32 / len(shifts))) -> (n, m / len(shifts)) uint32 words,
-    consecutive values in consecutive bit fields from bit 0."""
-    v = vals.astype(np.uint32).reshape(vals.shape[0], -1, shifts.size) << shifts
-    return np.bitwise_or.reduce(v, axis=2)
+def _new_panels(tid: int, shape_of, lead: tuple = ()) -> dict:
+    """Uninitialized panel arrays (uint16 scales), `lead` axes first, the last panel zeroed (its rows
+    past the matrix's end are padding)."""
+    out = {}
+    for name, want in shape_of.items():
+        if want is not None:
+            a = aligned_empty(lead + want[1], want[0] or np.uint16)
+            a[(slice(None),) * len(lead) + (-1,)] = 0
+            out[name] = a
+    return out
 
 
-def _low4(tid: int, b: np.ndarray) -> np.ndarray:
-    """(n, blocks, type_size) bytes -> (n, K) the low 4 bits of each element, in element order."""
-    n = b.shape[0]
-    if tid in (Q4_0, Q4_1, Q5_0):  # byte i: element i low, 16 + i high
-        raw_q = b[:, :, {Q4_0: 2, Q4_1: 4, Q5_0: 6}[tid]:][:, :, :16]
-        return np.concatenate([raw_q & np.uint8(15), raw_q >> np.uint8(4)], axis=2).reshape(n, -1)
-    if tid in (Q4_K, Q5_K):  # bytes 32c + l: element l of sub-block 2c low, of 2c + 1 high
-        qs = b[:, :, 16 if tid == Q4_K else 48:][:, :, :128].reshape(n, -1, 4, 1, 32)
-        return np.concatenate([qs & np.uint8(15), qs >> np.uint8(4)], axis=3).reshape(n, -1)
-    # Q6_K: formats.dequant's order: half h, then [ql[0:32] low, ql[32:64] low, ql[0:32] high, ql[32:64] high]
-    ql = b[:, :, 0:128].reshape(n, -1, 2, 2, 32)
-    return np.concatenate([ql & np.uint8(15), ql >> np.uint8(4)], axis=3).reshape(n, -1)
-
-
-def _high(tid: int, b: np.ndarray) -> np.ndarray:
-    """(n, blocks, type_size) bytes -> (n, K) the high bits of each element (Q5_0, Q5_K: 1; Q6_K: 2)."""
-    n = b.shape[0]
-    if tid == Q5_0:  # bit e of the little-endian uint32 at bytes 2..5: element e
-        return np.unpackbits(b[:, :, 2:6], axis=2, bitorder="little").reshape(n, -1)
-    if tid == Q5_K:  # bit i of byte l of qh[32] (bytes 16..47): element l of sub-block i
-        bits_ = np.unpackbits(b[:, :, 16:48, None], axis=3, bitorder="little")  # (n, ns, l, i)
-        return np.ascontiguousarray(bits_.transpose(0, 1, 3, 2)).reshape(n, -1)
-    # Q6_K: byte l of half h's qh[32] (bytes 128 + 32h + l): bits 2r..2r+1 for element 128h + 32r + l
-    qh = b[:, :, 128:192].reshape(n, -1, 2, 1, 32)
-    return ((qh >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)) & np.uint8(3)).reshape(n, -1)
-
-
-def _fields(tid: int, c: np.ndarray) -> dict:
-    """A chunk of block rows c (m, blocks, type_size) -> its rows' data for each panel array (m, ...):
-    the bytes moved, or bit fields regrouped (the module docstring); nothing computed."""
-    m = c.shape[0]
-
-    def bits(o):  # fp16 scales at byte o of each block
-        return np.ascontiguousarray(c[:, :, o:o + 2]).view("<u2")[:, :, 0].astype(np.uint16)
-
-    if tid == Q8_0:
-        f = {"qs": c[:, :, 2:34].reshape(m, -1).view(np.int8)}
-    else:
-        f = {"qs": _words(_low4(tid, c), _NIBBLE_SHIFTS).reshape(m, -1, 4)}
-    if tid in (Q5_0, Q5_K):
-        f["qh"] = _words(_high(tid, c), _BIT_SHIFTS)
-    elif tid == Q6_K:
-        f["qh"] = _words(_high(tid, c), _PAIR_SHIFTS).reshape(m, -1, 2)
-    if tid == Q6_K:
-        f["d"], f["sc"] = bits(208), c[:, :, 192:208].view(np.int8)
-    else:
-        f["d"] = bits(0)
-        if tid in (Q4_1, Q4_K, Q5_K):
-            f["m"] = bits(2)
-        if tid in (Q4_K, Q5_K):
-            f["sc"] = c[:, :, 4:16]
-    return f
+def _pack_into(tid: int, out: dict, srcs: list, release=None) -> None:
+    """Each part's rows, in order, into the panel arrays `out` (one matrix), by repack's kernel;
+    with `release`, a chunk of rows at a time, release(r0, r1) after rows r0..r1 are copied."""
+    plan = repack.plan(tid)
+    r0 = 0
+    for rows, order in srcs:
+        step = _CHUNK_ROWS if release is not None else max(1, order.shape[0])
+        for c0 in range(0, order.shape[0], step):
+            c1 = min(order.shape[0], c0 + step)
+            repack.pack_rows(plan, rows, order[c0:c1], r0 + c0, out)
+            if release is not None:
+                release(r0 + c0, r0 + c1)
+        r0 += order.shape[0]
 
 
 def pack_parts(parts: Sequence[tuple], ggml_type: int, k: int,
@@ -305,29 +279,35 @@ def pack_parts(parts: Sequence[tuple], ggml_type: int, k: int,
     large part (a token table) can then let the file's pages of those rows go as packing proceeds,
     rather than hold the whole file part resident next to its packed copy."""
     tid = _check_type(ggml_type)
-    blocks = []
-    for part in parts:
-        raw, order = part[0], part[1]
-        if len(part) > 2 and int(part[2]) != tid:
-            raise ValueError(f"pack_parts: a part of type {GGML_TYPES.get(int(part[2]), part[2])!s} in a "
-                             f"{NATIVE_TYPES[tid]} matrix; concatenated parts must share one type")
-        blocks.append(_rows(raw, tid, k, order))
-    rows = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
-    n = rows.shape[0]
-    if n == 0:
-        raise ValueError("no rows to pack")
-    t = GGML_TYPES[tid]
-    P = -(-n // QPANEL)
-    b = rows.reshape(n, k // t.block_size, t.type_size)
-    # a few thousand rows at a time, straight into the panels: temporaries stay small
-    out = {name: aligned_empty(want[1], want[0] or np.uint16)
-           for name, want in _shapes(tid, P, k).items() if want is not None}
-    for r0 in range(0, n, _CHUNK_ROWS):
-        for name, a in _fields(tid, b[r0:r0 + _CHUNK_ROWS]).items():
-            _into_panels(out[name], r0, a)
-        if release is not None:
-            release(r0, min(n, r0 + _CHUNK_ROWS))
+    srcs = _parts(parts, tid, k)
+    n = sum(o.shape[0] for _, o in srcs)
+    out = _new_panels(tid, _shapes(tid, -(-n // QPANEL), k))
+    _pack_into(tid, out, srcs, release)
     for name in ("d", "m"):
+        if name in out:
+            out[name] = _scale_storage(out[name])
+    return QPanels(tid, n, k, out["qs"], out["d"], out.get("m"), out.get("sc"), out.get("qh"))
+
+
+def pack_stack(layers: Sequence[Sequence[tuple]], ggml_type: int, k: int,
+               done: Callable[[int], None] | None = None) -> QPanels:
+    """`stack([pack_parts(parts, ggml_type, k) for parts in layers])`, packed straight into the stack
+    (no per-layer copy); `done(li)` is called once layer li is in (its file pages may go)."""
+    tid = _check_type(ggml_type)
+    n = None
+    out = {}
+    for li, parts in enumerate(layers):
+        srcs = _parts(parts, tid, k)
+        rows = sum(o.shape[0] for _, o in srcs)
+        if n is None:
+            n = rows
+            out = _new_panels(tid, _shapes(tid, -(-n // QPANEL), k), (len(layers),))
+        elif rows != n:
+            raise ValueError("stack: the matrices differ in type or shape")
+        _pack_into(tid, {name: a[li] for name, a in out.items()}, srcs)
+        if done is not None:
+            done(li)
+    for name in ("d", "m"):  # a NaN scale in any layer: every layer's scales as float32 (as stack)
         if name in out:
             out[name] = _scale_storage(out[name])
     return QPanels(tid, n, k, out["qs"], out["d"], out.get("m"), out.get("sc"), out.get("qh"))

@@ -23,7 +23,8 @@ from ...config import ModelConfig
 from ...formats import Tensor
 from ...formats.ggml import F16
 from .layout import (LANES, NATIVE_TYPES, MixedPanels, QPanels, aligned_empty, layer_of, pack_mixed, pack_panels,
-                     pack_parts, stack)
+                     pack_parts, pack_stack)
+from . import repack
 from .intpanels import INT_TYPES, IntPanels, from_qpanels
 from .simd import to_f16_bits
 
@@ -57,11 +58,21 @@ def _pack_float(parts: list[Tensor], dtype: str, out: np.ndarray | None = None) 
     for p in parts:
         for n0 in range(0, p.shape[0], _PACK_ROWS):
             n1 = min(p.shape[0], n0 + _PACK_ROWS)
-            w = storage(p.rows(n0, n1), dtype)
+            m = n1 - n0
+            if dtype == "fp16" and p.ggml_type == F16 and repack.f16_rows(
+                    p.data.view("<u2").reshape(p.shape), np.arange(n0, n1) if p.row_order is None else
+                    np.ascontiguousarray(p.row_order[n0:n1], np.int64), g, out):
+                # An F16 tensor's rows for fp16 are its own bits where none is a NaN: widening binary16
+                # to float32 is exact and rounding an exact value back gives its bits (test_panelcache
+                # checks every pattern). Rows with a NaN take the round trip below.
+                w = None
+            else:
+                w = storage(p.rows(n0, n1), dtype)
             if p.row_order is None:
                 p.release((n0, n1))
-            m = n1 - n0
-            if g % LANES == 0 and (m % LANES == 0 or g + m == n):
+            if w is None:
+                pass
+            elif g % LANES == 0 and (m % LANES == 0 or g + m == n):
                 full = -(-m // LANES) * LANES
                 if full != m:
                     w = np.concatenate([w, np.zeros((full - m, k), w.dtype)])
@@ -106,13 +117,9 @@ def _native_kind(per_layer: list[list[Tensor]]):
     kind = kinds.pop() if len(kinds) == 1 else None
     if kind in NATIVE_TYPES:
         k = per_layer[0][0].shape[1]
-
-        def packed():  # one layer at a time into the stack, its file bytes let go once copied
-            for parts in per_layer:
-                qp = pack_parts([(p.data, p.row_order, p.ggml_type) for p in parts], kind, k)
-                _release([parts])
-                yield qp
-        return stack(packed(), len(per_layer))
+        # one layer at a time straight into the stack, its file bytes let go once copied
+        return pack_stack([[(p.data, p.row_order, p.ggml_type) for p in parts] for parts in per_layer], kind, k,
+                          done=lambda li: _release([per_layer[li]]))
     if kind == F16:  # the file's fp16 bits, moved as they are
         st = _stack([_f16_panels(parts) for parts in per_layer])
         _release(per_layer)
@@ -190,8 +197,14 @@ class CPUWeights:
       wqkv [wq; wk; wv], wo, w13 [w1; w3], w2: panels; norm (dim,); output: panels;
       table: the embedding, a (vocab, dim) float array, or the output's storage when tied to it."""
 
-    def __init__(self, cfg: ModelConfig, tensors: dict[str, Tensor], dtype: str):
+    def __init__(self, cfg: ModelConfig, tensors: dict[str, Tensor], dtype: str, progress=None):
+        """`progress(done, total, name)`, if given, is called as each matrix kind is packed."""
         L = cfg.n_layers
+        steps = [name for name, _ in MATRICES] + ["output"]
+
+        def step(name):
+            if progress is not None:
+                progress(steps.index(name) + 1, len(steps), f"packing {name}")
         self.norm = tensors["norm"].float32()
         self.attn_norm = _vectors(cfg, tensors, ("attention_norm",))
         self.ffn_norm = _vectors(cfg, tensors, ("ffn_norm",))
@@ -206,6 +219,7 @@ class CPUWeights:
             conv = _integer if dtype == "int8" else (lambda st: st)
             for name, parts in per_kind.items():
                 setattr(self, name, conv(_native_kind(parts)))
+                step(name)
             if emb.ggml_type in NATIVE_TYPES:
                 # The largest matrix (Gemma 3's: 178 MB of a 253 MB file), packed last: its file pages
                 # go as its rows are copied, or they and the copy would be the peak of loading.
@@ -225,6 +239,7 @@ class CPUWeights:
         else:
             for name, parts in per_kind.items():
                 setattr(self, name, _pack_stack(parts, dtype))
+                step(name)
             self.output = _pack_float([out], dtype)
             if out is emb:
                 self.table = None  # tied: rows are read from the output panels (same values)
@@ -233,6 +248,14 @@ class CPUWeights:
                 emb.release()
         if self.table is None:
             self.table = self.output
+        step("output")
+
+    @classmethod
+    def restore(cls, attrs: dict) -> "CPUWeights":
+        """Weights from their attributes as `panelcache` kept them (arrays already packed)."""
+        w = cls.__new__(cls)
+        vars(w).update(attrs)
+        return w
 
     def storage(self) -> dict[str, str]:
         """How each matrix kind is stored: "f32", "f16" or a GGML quant type name ("Q6_K+Q4_K": a kind of
