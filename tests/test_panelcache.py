@@ -13,6 +13,7 @@ import pytest
 import tinydet
 from test_native_model import requantized
 from tinydet.backends.cpu import panelcache
+from tinydet.backends.cpu.intpanels import IntPanels
 from tinydet.backends.cpu.layout import MixedPanels, QPanels
 
 # Mixed storage: Q8_0 attention, Q4_0 elsewhere (a 172-long ffn_down row stays F32: float panels)
@@ -39,7 +40,7 @@ def assert_same_weights(a, b) -> None:
     for name in vars(a):
         x, y = getattr(a, name), getattr(b, name)
         assert type(x) is type(y), name
-        if isinstance(x, QPanels):
+        if isinstance(x, (QPanels, IntPanels)):
             assert (x.ggml_type, x.n, x.k) == (y.ggml_type, y.n, y.k), name
         if isinstance(x, MixedPanels):
             assert (x.n, x.k, len(x.parts)) == (y.n, y.k, len(y.parts)), name
@@ -56,19 +57,20 @@ def cache_files(tmp_path):
     return sorted((tmp_path / "cache" / "panels").glob("*.tdp"))
 
 
-def test_cached_load_is_the_packed_load(model_file, tmp_path, monkeypatch):
-    plain = tinydet.load(model_file, dtype="native", panel_cache=False)
+@pytest.mark.parametrize("dtype", ["native", "int8"])
+def test_cached_load_is_the_packed_load(model_file, tmp_path, monkeypatch, dtype):
+    plain = tinydet.load(model_file, dtype=dtype, panel_cache=False)
     assert cache_files(tmp_path) == []
-    first = tinydet.load(model_file, dtype="native")  # packs and writes
+    first = tinydet.load(model_file, dtype=dtype)  # packs and writes
     (path,) = cache_files(tmp_path)
     reads = []
     real_read = panelcache.read
     monkeypatch.setattr(panelcache, "read", lambda *a: reads.append(real_read(*a)) or reads[-1])
     # the stat index names the model's SHA-256: no rehash
     monkeypatch.setattr(panelcache, "file_sha256", lambda p: pytest.fail("rehashed an unchanged model"))
-    second = tinydet.load(model_file, dtype="native")
+    second = tinydet.load(model_file, dtype=dtype)
     assert reads and reads[-1] is not None
-    assert isinstance(second.backend.weights.wqkv, (QPanels, MixedPanels))
+    assert isinstance(second.backend.weights.wo, IntPanels if dtype == "int8" else QPanels)
     assert_same_weights(second.backend.weights, plain.backend.weights)
     assert_same_weights(first.backend.weights, plain.backend.weights)
     ids = second.tokenize("Once upon a time")

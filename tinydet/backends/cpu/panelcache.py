@@ -18,8 +18,9 @@ summed per MiB in parallel: any one changed word changes its chunk's sum, and it
 A file that fails is removed and the model packed again. Files are written to a temporary name and
 renamed, under a lock, so that processes starting together never see half a file; a read-only or full
 disk gives a one-line warning and a normal load. TINYDET_NO_PANEL_CACHE=1 (or `load(panel_cache=False)`)
-turns the cache off. Only dtypes whose panels are not much larger than the file are kept (native; fp16
-of an F16 file; fp32 of an F32 file): fp32 panels of a 4-bit file would take eight times its disk space.
+turns the cache off. Only dtypes whose panels are not much larger than the file are kept (native and
+int8, whose panels are the file's bytes moved; fp16 of an F16 file; fp32 of an F32 file): fp32 panels
+of a 4-bit file would take eight times its disk space.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from numba import njit, prange
 
 from ...hashing import file_sha256, source_hash
 from ...paths import cache_base, file_lock
+from .intpanels import IntPanels
 from .layout import MixedPanels, QPanels
 
 ENV_OFF = "TINYDET_NO_PANEL_CACHE"
@@ -175,8 +177,8 @@ def _describe(obj, arrays: list, ids: dict):
             ids[id(obj)] = len(arrays)
             arrays.append(obj)
         return {"array": ids[id(obj)]}
-    if isinstance(obj, QPanels):
-        return {"qpanels": [obj.ggml_type, obj.n, obj.k],
+    if isinstance(obj, (QPanels, IntPanels)):
+        return {"qpanels" if isinstance(obj, QPanels) else "intpanels": [obj.ggml_type, obj.n, obj.k],
                 "fields": [_describe(getattr(obj, f), arrays, ids) for f in _FIELDS]}
     if isinstance(obj, MixedPanels):
         return {"mixed": [obj.n, obj.k], "parts": [_describe(p, arrays, ids) for p in obj.parts],
@@ -197,6 +199,9 @@ def _rebuild(desc, arrays: list[np.ndarray]):
     if "qpanels" in desc:
         t, n, k = desc["qpanels"]
         return QPanels(t, n, k, *(_rebuild(f, arrays) for f in desc["fields"]))
+    if "intpanels" in desc:
+        t, n, k = desc["intpanels"]
+        return IntPanels(t, n, k, *(_rebuild(f, arrays) for f in desc["fields"]))
     n, k = desc["mixed"]
     return MixedPanels(n, k, tuple(_rebuild(p, arrays) for p in desc["parts"]), _rebuild(desc["table"], arrays))
 
