@@ -53,8 +53,20 @@ def reference(q, k, v, pos, n_heads, n_kv, D, scale, window):
 @pytest.mark.parametrize("D", [8, 40, 64, 80, 96, 112, 128])
 @pytest.mark.parametrize("window", [0, 50])
 def test_attention_gives_the_contract_order_bit_for_bit(D, window, dtype):
-    rng = np.random.default_rng(D * 10 + window)
-    n_heads, n_kv, ctx = 4, 2, 192
+    check_attention(D, window, dtype, 4, 2, 2)
+
+
+@pytest.mark.parametrize("n_heads, n_kv", [(8, 2), (14, 2), (8, 1)])
+@pytest.mark.parametrize("nth", [1, 2, 64])
+@pytest.mark.parametrize("D", [32, 64])
+def test_grouped_heads_give_the_contract_order_bit_for_bit(n_heads, n_kv, nth, D):
+    # chunks of 4 or 2 heads (nth decides which), and the heads a group leaves over run alone
+    check_attention(D, 50 if nth == 2 else 0, "fp16" if n_kv == 1 else "fp32", n_heads, n_kv, nth)
+
+
+def check_attention(D, window, dtype, n_heads, n_kv, nth):
+    rng = np.random.default_rng(D * 10 + window + n_heads)
+    ctx = 192
     pos = np.array([0, 63, 64, 130], np.int64)
     k = rng.standard_normal((ctx, n_kv, D)).astype(np.float32)
     v = rng.standard_normal((ctx, n_kv, D)).astype(np.float32)
@@ -68,6 +80,6 @@ def test_attention_gives_the_contract_order_bit_for_bit(D, window, dtype):
         kc, vc = kc.astype(np.float16).view(np.uint16), vc.astype(np.float16).view(np.uint16)
     out = np.full(q.shape, np.nan, np.float32)
     scale = f32(1.0 / np.sqrt(D))
-    ops.attention(q, kc, vc, pos, np.zeros(len(pos), np.int64), n_heads, n_kv, D, scale, window, out)
+    ops.attention(q, kc, vc, pos, np.zeros(len(pos), np.int64), n_heads, n_kv, D, scale, window, out, nth)
     ref = reference(q, k, v, pos, n_heads, n_kv, D, scale, window)
     assert np.array_equal(out.view(np.uint32), ref.view(np.uint32)), np.abs(out - ref).max()

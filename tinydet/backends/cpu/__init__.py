@@ -11,6 +11,7 @@
   tiles.py    rows times a panel's outputs, shared by every storage type; tile shapes per vector unit
   matmul.py   the one matrix product
   ops.py      RMSNorm, RoPE, attention, activations
+  gqa.py      attention for the query heads of one KV group at once (AVX-512)
   forward.py  the one forward pass (an op hook traces it or injects faults)
   weights.py  a checkpoint packed for a dtype
   repack.py   the packers' kernels (GGUF blocks and F16 rows moved into panels, in parallel)

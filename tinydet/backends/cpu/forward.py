@@ -110,7 +110,7 @@ def forward(ids, pos, slot, rows, w, k_cache, v_cache, cos, sin, layer_rope, win
         _see(hook, li, ROPE_Q, pos, slot, q, 0, q_dim)
         if hook != 0:
             _see(hook, li, ROPE_K, pos, slot, widen_rows(kc, slot, pos), 0, kv_dim)  # what the cache holds
-        attention(q, kc, vc, pos, slot, n_heads, n_kv_heads, head_dim, attn_scale, windows[li], att)
+        attention(q, kc, vc, pos, slot, n_heads, n_kv_heads, head_dim, attn_scale, windows[li], att, nth)
         _see(hook, li, ATTENTION, pos, slot, att, 0, q_dim)
         _project(att, wo, li, dim, proj, x, post_attn_norm, eps, nth, wbuf, hook, ATTN_OUTPUT, POST_ATTN_NORM,
                  ATTN_RESIDUAL, pos, slot)

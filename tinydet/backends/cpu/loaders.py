@@ -29,7 +29,7 @@ from numba.extending import overload
 from .actq import quantize_rows
 from .intdot import act_block, group_kernel, int_element, int_kind, tile_rows, units_kernel
 from .layout import QBLOCK, QPanels, as_storage
-from .qblocks import q_dequantize_pair, q_element, q_unit
+from .qblocks import q_dequantize_pair, q_element, q_unit, q_unit_pair
 from .simd import HALF, LANES, prefetch, v_load, v_store, widen
 from .tiles import dot, put, rows_for, tiles_for
 
@@ -123,7 +123,13 @@ def _gemv_at_impl(x, w, p0, n_out, out, u0, u1, c0):
     writing output u * 32 + j at column c0 + u * 32 + j (clipped at n_out)."""
     if isinstance(w, types.BaseTuple):
         def quantized(x, w, p0, n_out, out, u0, u1, c0):
-            for u in range(u0, u1):
+            u = u0
+            while u + 2 <= u1:  # two panels at a time (`q_unit_pair`), an odd last one alone
+                s0, s1 = q_unit_pair(x, w, p0 + u)
+                put(out, 0, c0 + u * HALF, n_out, s0, HALF)
+                put(out, 0, c0 + u * HALF + HALF, n_out, s1, HALF)
+                u += 2
+            if u < u1:
                 put(out, 0, c0 + u * HALF, n_out, q_unit(x, w, p0 + u), HALF)
         return quantized
 

@@ -18,12 +18,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from .gqa import ATILE, attend2, attend4, chunking
 from .mathfn import exp32, sincos64, tanh32
-from .simd import (LANES, VECTORS, f32, kahan, kahan1, narrow, v_add, v_div, v_gather, v_get, v_load, v_max_range,
-                   v_mul, v_neg, v_splat, v_sqrt, v_store, v_zero, widen)
+from .simd import (LANES, VECTORS, f32, kahan, kahan1, narrow, target_isa, v_add, v_div, v_gather, v_get, v_load,
+                   v_max_range, v_mul, v_neg, v_splat, v_sqrt, v_store, v_zero, widen)
 from .vmath import v_exp32, v_exp32_sub, v_tanh32
 
-ATILE = 64  # cache positions per tile of the transposed key cache
 SILU, GELU_TANH = 0, 1  # the gated activations (ModelConfig.activation "silu", "gelu_tanh")
 ACTIVATIONS = {"silu": SILU, "gelu_tanh": GELU_TANH}
 
@@ -255,22 +255,43 @@ def _attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale
             out[t, qo + d3 + d] = acc1[d] / den
 
 
+# The heads of a KV group together (`gqa.py`) where 32 zmm registers hold their chains; AVX2's 16 ymm
+# would spill them, so other targets run a head at a time. Either way the same bits.
+_GROUPED = target_isa() == "avx512"
+
+
 @njit(parallel=True, cache=True)
-def attention(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, window, out):
+def attention(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, window, out, nth):
     """Causal grouped-query attention: row t attends to positions 0..pos[t] (with `window` > 0, the
-    last `window` of them) of sequence slot[t]. One (row, head) pair per work item; scores, softmax and
-    the weighted sum of V run over cache positions in order, so a row's result depends neither on how
-    its prompt was chunked nor on which other sequences share the batch."""
+    last `window` of them) of sequence slot[t]. A work item is a row's head, or a chunk of the heads
+    of one KV group (`gqa.chunking`); scores, softmax and the weighted sum of V run over cache positions
+    in order, so a row's result depends neither on how its prompt was chunked nor on which other
+    sequences share the batch. `nth`, the thread count, only shapes the split of work."""
     T = q.shape[0]
     cap = k_cache.shape[2] * ATILE
-    for job in prange(T * n_heads):
+    group = n_heads // n_kv_heads
+    cw, U = chunking(T, n_heads, n_kv_heads, head_dim, nth) if _GROUPED else (1, group)
+    per_row = n_kv_heads * U
+    for job in prange(T * per_row):
         # rows taken from both ends in turn (0, T-1, 1, T-2, ...): in a prompt, later rows attend to
         # more positions, and this keeps contiguous runs of jobs equally costly
-        i = job // n_heads
+        i = job // per_row
         t = i // 2 if i % 2 == 0 else T - 1 - i // 2
-        scores = np.empty(cap, np.float32)
-        _attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, window, out, t,
-                job % n_heads, scores)
+        g = job % per_row // U
+        u = job % U
+        full = group // cw
+        if u < full and cw > 1:
+            scores = np.empty(cw * cap, np.float32)
+            if cw == 4:
+                attend4(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, window, out, t,
+                        g * group + 4 * u, scores)
+            else:
+                attend2(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, window, out, t,
+                        g * group + 2 * u, scores)
+        else:
+            scores = np.empty(cap, np.float32)
+            h = g * group + (u if cw == 1 else full * cw + u - full)
+            _attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, window, out, t, h, scores)
 
 
 @njit(cache=True)
