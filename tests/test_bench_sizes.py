@@ -3,11 +3,9 @@ compare.py's machinery, run by hand: it needs llama.cpp and minutes)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from benchmods import bench_module
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import sizes
+sizes = bench_module("sizes")
 
 
 def _engine(label, engine, speeds, load_s):

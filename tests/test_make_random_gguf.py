@@ -6,18 +6,16 @@ same values, bit for bit, as the `gguf` package reads them."""
 from __future__ import annotations
 
 import hashlib
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 gguf = pytest.importorskip("gguf")
+from benchmods import bench_module
 from gguf import GGMLQuantizationType, GGUFReader
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import make_random_gguf as mk
-from quantize import quantize
+mk = bench_module("make_random_gguf")
+quantize = bench_module("quantize").quantize
 
 SMOLLM2 = mk.SMOLLM2
 
