@@ -31,3 +31,13 @@ def test_render_columns_and_ratios():
     # 14/28; load 8/0.5
     assert ratio_line.endswith("prefill 128 0.80x, prefill 512 0.50x, prefill 2048 0.60x, prefill 4096 0.62x, "
                                "decode 0.75x, decode@2048 0.69x, decode@4096 0.50x; load 16.0x the time")
+
+
+def test_importing_bench_scripts_leaves_the_path_alone():
+    import profile
+    import sys
+
+    from benchmods import BENCH
+
+    assert BENCH not in sys.path
+    assert hasattr(profile, "runctx")  # the standard library's, not bench/profile.py
