@@ -103,3 +103,11 @@ def test_the_checker_sees_a_circle(tmp_path):
 
 def test_no_import_circle_in_the_package():
     assert circles(import_graph()) == []
+
+
+def test_cli_dtypes_are_the_backends():
+    """The CLI spells the dtype list itself (parsing must not import numba); it must be the backend's."""
+    from tinydet.backends.cpu.weights import DTYPES
+    from tinydet.cli.common import DTYPES as CLI_DTYPES
+
+    assert CLI_DTYPES == DTYPES

@@ -11,14 +11,14 @@ import time
 import click
 
 from ..errors import TinydetError
-from .common import cli_errors, device_option, loader, no_memory_check_option
+from .common import DTYPES, cli_errors, device_option, loader, no_memory_check_option
 
 
 @click.command()
 @click.option("--model", "model_name", default=None, help="Model (default: smollm2-135m-instruct).")
 @click.option("--prompt", default="Once upon a time", show_default=True)
 @click.option("--new-tokens", type=click.IntRange(min=1), default=16, show_default=True)
-@click.option("--dtype", "dtypes", multiple=True, type=click.Choice(["fp32", "fp16", "native", "int8"]),
+@click.option("--dtype", "dtypes", multiple=True, type=click.Choice(DTYPES),
               help="Default: all three (native must give fp32's hashes).")
 @click.option("--no-subprocess", is_flag=True, help="Skip the generic-CPU and reduced-NumPy-dispatch runs.")
 @click.option("--json", "as_json", is_flag=True)
@@ -62,7 +62,7 @@ def verify(model_name, prompt, new_tokens, dtypes, no_subprocess, as_json, worke
 @click.option("--model", "model_name", default=None, help="Model (default: smollm2-135m-instruct).")
 @click.option("--prompt", required=True)
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False))
-@click.option("--dtype", type=click.Choice(["fp32", "fp16", "native", "int8"]), default="fp32", show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES), default="fp32", show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=None)
 @click.option("--chunk", type=click.IntRange(min=1), default=None, help="Prefill in chunks of N tokens.")
 @click.option("--no-values", is_flag=True, help="Record hashes and statistics only, not the rows.")
@@ -135,7 +135,7 @@ def golden(model_name, check_path, write_path, overwrite, threads, no_native, de
 
 @click.command()
 @click.argument("model_name", required=False)
-@click.option("--dtype", type=click.Choice(["fp32", "fp16", "native", "int8"]), default="fp32", show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES), default="fp32", show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Default: the CPUs available.")
 @click.option("--prompt-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--new-tokens", type=click.IntRange(min=1), default=64, show_default=True)

@@ -15,6 +15,9 @@ import click
 
 from ..errors import TinydetError
 
+# backends/cpu/weights.DTYPES, spelled here so that parsing the command line does not import numba
+DTYPES = ("fp32", "fp16", "native", "int8")
+
 
 def _progress(label: str, delay: float = 1.0):
     """A stderr progress line for loading (the tensors found, then the matrices packed), shown only
@@ -125,7 +128,7 @@ def model_options(fn):
         click.option("--model", "model_name", default=None,
                      help="A GGUF file, a Hugging Face directory or a known model name (`tinydet models`). "
                           "Default: smollm2-135m-instruct, pulled on first use."),
-        click.option("--dtype", type=click.Choice(["fp32", "fp16", "native", "int8"]), default="fp32", show_default=True,
+        click.option("--dtype", type=click.Choice(DTYPES), default="fp32", show_default=True,
                      help="fp32; fp16 (weights and KV cache as binary16); native (matrices kept as the file stores "
                           "them, Q8_0/Q4_0/Q4_1 dequantized in the kernels: the bits of fp32); int8 (native, but quantized "
                           "matrices computed in integers against 8-bit activations, as llama.cpp does: "

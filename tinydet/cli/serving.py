@@ -43,7 +43,7 @@ def replica_options(fn):
     options = [
         click.option("--model", "model_name", default=None, help="A GGUF file, a Hugging Face directory or a known "
                      "model name. Default: smollm2-135m-instruct."),
-        click.option("--dtype", type=click.Choice(["fp32", "fp16", "native", "int8"]), default="fp32", show_default=True),
+        click.option("--dtype", type=click.Choice(common.DTYPES), default="fp32", show_default=True),
         click.option("--threads", type=click.IntRange(min=1), default=None,
                      help="Default: the CPUs available; on Ray (--ray, rollout), 1 per replica."),
         click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True,
