@@ -71,6 +71,20 @@ def _pv(NH: int, pf: int = 16):
     return njit(inline="always")(env["pv"])
 
 
+@njit(cache=True, inline="always")
+def exp_from_max(scores, base, j0, nt, mv):
+    """Tiles j0 .. nt - 1 of the scores at scores[base:] replaced by exp32(s - m), m the largest lane
+    of mv: the softmax numerators of one head, its running max kept as the scalar loop keeps it (a
+    float64 holding a float32, as `ops._attend` documents)."""
+    m = -np.inf
+    for i in range(LANES):
+        e = v_get(mv, i)
+        if e > m:
+            m = e
+    for j in range(j0, nt):
+        v_store(scores, base + j * ATILE, v_exp32_sub(v_load(scores, base + j * ATILE), m))
+
+
 def _attend_heads(NH: int):
     """attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, window, out, t, h0,
     scores): `ops._attend` for row t and heads h0 .. h0 + NH - 1 (one KV group; NH even), `scores`
@@ -99,13 +113,7 @@ def _attend_heads(NH: int):
             mv = v_splat(f32(-np.inf))
             for j in range(j0, nt):
                 mv = v_max_range(mv, v_load(scores, h * cap + j * ATILE), lo - j * ATILE, n - j * ATILE)
-            m = -np.inf
-            for i in range(LANES):
-                e = v_get(mv, i)
-                if e > m:
-                    m = e
-            for j in range(j0, nt):
-                v_store(scores, h * cap + j * ATILE, v_exp32_sub(v_load(scores, h * cap + j * ATILE), m))
+            exp_from_max(scores, h * cap, j0, nt, mv)
         vrow = v_cache.shape[2]
         pv(scores, cap, lo, n, v_cache, sl * v_cache.shape[1] * vrow + g * head_dim, vrow, head_dim, out,
            t * out.shape[1] + h0 * head_dim)

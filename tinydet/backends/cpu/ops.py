@@ -18,11 +18,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .gqa import ATILE, attend2, attend4, chunking
+from .gqa import ATILE, attend2, attend4, chunking, exp_from_max
 from .mathfn import exp32, sincos64, tanh32
 from .simd import (LANES, VECTORS, f32, kahan, kahan1, narrow, target_isa, v_add, v_div, v_gather, v_get, v_load,
                    v_max_range, v_mul, v_neg, v_splat, v_sqrt, v_store, v_zero, widen)
-from .vmath import v_exp32, v_exp32_sub, v_tanh32
+from .vmath import v_exp32, v_tanh32
 
 SILU, GELU_TANH = 0, 1  # the gated activations (ModelConfig.activation "silu", "gelu_tanh")
 ACTIVATIONS = {"silu": SILU, "gelu_tanh": GELU_TANH}
@@ -222,13 +222,7 @@ def _attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale
         s = v_mul(s, vscale)
         v_store(scores, j * ATILE, s)
         mv = v_max_range(mv, s, lo - j * ATILE, n - j * ATILE)
-    m = -np.inf
-    for i in range(LANES):
-        e = v_get(mv, i)
-        if e > m:
-            m = e
-    for j in range(j0, nt):
-        v_store(scores, j * ATILE, v_exp32_sub(v_load(scores, j * ATILE), m))
+    exp_from_max(scores, 0, j0, nt, mv)
     vo = g * head_dim
     vrow = v_cache.shape[2]
     vi = sl * v_cache.shape[1] * vrow + vo
