@@ -68,7 +68,9 @@ def test_cached_load_is_the_packed_load(model_file, tmp_path, monkeypatch, dtype
     monkeypatch.setattr(panelcache, "read", lambda *a: reads.append(real_read(*a)) or reads[-1])
     # the stat index names the model's SHA-256: no rehash
     monkeypatch.setattr(panelcache, "file_sha256", lambda p: pytest.fail("rehashed an unchanged model"))
+    monkeypatch.setattr(tinydet.hashing, "file_sha256", lambda p: pytest.fail("rehashed an unchanged model"))
     second = tinydet.load(model_file, dtype=dtype)
+    assert second.sha256 == first.sha256  # the model's own SHA-256 from the index too
     assert reads and reads[-1] is not None
     assert isinstance(second.backend.weights.wo, IntPanels if dtype == "int8" else QPanels)
     assert_same_weights(second.backend.weights, plain.backend.weights)
@@ -82,7 +84,7 @@ def test_cached_load_is_the_packed_load(model_file, tmp_path, monkeypatch, dtype
 def _build(model_file):
     """(key, path, packed weights) of the test model, the file written."""
     m = tinydet.load(model_file, dtype="native", panel_cache=False)
-    sha = panelcache.model_sha256(model_file)
+    sha = tinydet.hashing.model_sha256(model_file)
     key, path = panelcache._key(sha, "native"), panelcache.cache_path(sha, "native")
     panelcache.write(path, key, m.backend.weights)
     return key, path, m.backend.weights
@@ -140,7 +142,7 @@ def test_changed_model_file_is_rehashed(model_file, tmp_path):
     model_file.write_bytes(bytes(data))  # same bytes, new mtime: rehashed, same SHA-256, same file
     tinydet.load(model_file, dtype="native")
     assert len(cache_files(tmp_path)) == 1
-    index = json.loads((tmp_path / "cache" / "panels" / "index.json").read_text())
+    index = json.loads((tmp_path / "cache" / "sha256-index.json").read_text())
     assert len(index) == 2 and len(set(index.values())) == 1
 
 

@@ -18,7 +18,7 @@ from .engine import Engine, Generation, Request, check_context, generate, genera
 from .engine.sequence import check_stop
 from .errors import TinydetError
 from .formats import open_checkpoint
-from .hashing import file_sha256, hash_ids
+from .hashing import hash_ids, model_sha256
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
 from .tokenizer.core import TokenTypeError
@@ -59,9 +59,10 @@ class Model:
 
     @property
     def sha256(self) -> str:
-        """SHA-256 of the model file or directory (computed on first use; see `file_sha256`)."""
+        """SHA-256 of the model file or directory (computed on first use, or known from an earlier
+        load of the unchanged file: `hashing.model_sha256`)."""
         if self._sha256 is None:
-            self._sha256 = file_sha256(self.path)
+            self._sha256 = model_sha256(self.path)
         return self._sha256
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Sequence
 
@@ -39,6 +40,61 @@ def source_hash() -> str:
             h.update(f.relative_to(root).as_posix().encode() + b"\0")
             h.update(f.read_bytes())
     return h.hexdigest()
+
+
+def _stat_key(path: Path) -> str:
+    st = path.stat()
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def _index_path() -> Path:
+    from .paths import cache_base
+
+    return cache_base() / "sha256-index.json"
+
+
+def indexed_sha256(path: str | Path) -> str | None:
+    """A model file's SHA-256 as `model_sha256` last recorded it, if the file is unchanged since (the same
+    device, inode, size and modification time in nanoseconds), else None."""
+    try:
+        sha = json.loads(_index_path().read_text()).get(_stat_key(Path(path).resolve()))
+    except (OSError, ValueError, AttributeError):
+        return None
+    return sha if isinstance(sha, str) else None
+
+
+def model_sha256(path: str | Path) -> str:
+    """`file_sha256`, remembered per file by stat (`indexed_sha256`) so that loading a large model again
+    does not read it all again. A directory is hashed each time."""
+    path = Path(path).resolve()
+    if path.is_dir():
+        return file_sha256(path)
+    sha = indexed_sha256(path)
+    if sha is None:
+        sha = file_sha256(path)
+        remember_sha256(path, sha)
+    return sha
+
+
+def remember_sha256(path: Path, sha: str) -> None:
+    """Record `sha` as the SHA-256 of `path` as it is now (best effort: the index is a shortcut only)."""
+    from .formats.jsonfile import write_json
+    from .paths import file_lock
+
+    index_path = _index_path()
+    try:
+        key = _stat_key(Path(path).resolve())
+        index_path.parent.mkdir(parents=True, exist_ok=True)
+        with file_lock(str(index_path) + ".lock"):
+            try:
+                index = json.loads(index_path.read_text())
+                index = index if isinstance(index, dict) else {}
+            except (OSError, ValueError):
+                index = {}
+            index[key] = sha
+            write_json(index_path, index)
+    except OSError:
+        pass
 
 
 def file_sha256(path: str | Path) -> str:

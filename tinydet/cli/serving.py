@@ -26,7 +26,7 @@ def _replica_spec(cluster, model_name, dtype, threads, max_batch, max_queue, pre
     SHA-256, which every replica checks before its gate."""
     from pathlib import Path
 
-    from ..hashing import file_sha256
+    from ..hashing import model_sha256
     from ..registry import DEFAULT_MODEL, known_models, resolve_model
 
     name = model_name or DEFAULT_MODEL
@@ -35,7 +35,7 @@ def _replica_spec(cluster, model_name, dtype, threads, max_batch, max_queue, pre
     return cluster.spec(str(path), dtype, threads or 1, served, max_batch, max_queue, prefill_chunk,
                         prefix_cache_mb << 20, api_key, log_path and str(Path(log_path).resolve()),
                         canary_file and str(Path(canary_file).resolve()), 60 * canary_interval,
-                        sha256=file_sha256(path), check_memory=None if common._memory_check else False)
+                        sha256=model_sha256(path), check_memory=None if common._memory_check else False)
 
 
 def replica_options(fn):

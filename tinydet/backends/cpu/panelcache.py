@@ -10,7 +10,8 @@ and memory-mapped on later loads (no packing, and the pages are the page cache's
 The key names everything that decides the bytes: the model file's SHA-256, the dtype, and
 `hashing.source_hash()` (the packers, formats and kernels: any edit gives a new file, and the old ones
 of that model and dtype are removed). The model's SHA-256 is looked up by the file's (device, inode,
-size, mtime_ns) in `index.json`, so a repeated load does not read the whole model to hash it.
+size, mtime_ns) (`hashing.model_sha256`), so a repeated load does not read the whole model to hash it;
+a first load hashes the file in a thread while it packs.
 
 Before use a file is checked whole: its magic, header hash, key and length, then every byte of the
 data against the stored checksum (`_chunk_sums`, an integer mix of each 8-byte word and its index,
@@ -32,6 +33,7 @@ import os
 import struct
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -39,7 +41,7 @@ from typing import Callable
 import numpy as np
 from numba import njit, prange
 
-from ...hashing import file_sha256, source_hash
+from ...hashing import file_sha256, indexed_sha256, remember_sha256, source_hash
 from ...paths import cache_base, file_lock
 from .intpanels import IntPanels
 from .layout import MixedPanels, QPanels
@@ -111,39 +113,6 @@ def _checksum_arrays(arrays: list[np.ndarray], length: int) -> bytes:
         _chunk_sums(tail.view(np.uint64), (pos + whole) // 8, sums)
         pos += whole + tail.size
     return _digest(sums)
-
-
-# --------------------------------------------------------------------------- the model's SHA-256
-
-def _stat_key(path: Path) -> str:
-    st = path.stat()
-    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
-
-
-def model_sha256(path: Path) -> str:
-    """The file's SHA-256, from the stat index when the file is unchanged, else hashed (and indexed)."""
-    path = Path(path).resolve()
-    key, index_path = _stat_key(path), cache_dir() / "index.json"
-    try:
-        index = json.loads(index_path.read_text())
-        if isinstance(index.get(key), str):
-            return index[key]
-    except (OSError, ValueError, AttributeError):
-        pass
-    sha = file_sha256(path)
-    try:
-        index_path.parent.mkdir(parents=True, exist_ok=True)
-        with file_lock(str(index_path) + ".lock"):
-            try:
-                index = json.loads(index_path.read_text())
-                index = index if isinstance(index, dict) else {}
-            except (OSError, ValueError):
-                index = {}
-            index[key] = sha
-            _atomic_write(index_path, json.dumps(index).encode())
-    except OSError:
-        pass  # the index is a shortcut only
-    return sha
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -307,16 +276,33 @@ def load_or_pack(model_path: Path, dtype: str, pack: Callable[[], object], rebui
     """The weights of `model_path` for `dtype`: from the cache when a whole, current file is there,
     else `pack()`ed and (when small enough) written for next time. `rebuild(attrs)` makes the weights
     object from the cached attributes."""
-    model_path = Path(model_path)
-    try:
-        sha = model_sha256(model_path)
-    except OSError:
-        return pack()
-    key, path = _key(sha, dtype), cache_path(sha, dtype)
-    attrs = read(path, key)
-    if attrs is not None:
-        return rebuild(attrs)
-    weights = pack()
+    model_path = Path(model_path).resolve()
+    sha = indexed_sha256(model_path)
+    if sha is None:  # a file not seen before: hashed while it is packed (hashlib lets go of the GIL)
+        result = {}
+
+        def hash_it():
+            try:
+                result["sha"] = file_sha256(model_path)
+            except OSError:
+                pass
+        hasher = threading.Thread(target=hash_it, name="tinydet-sha256", daemon=True)
+        hasher.start()
+        try:
+            weights = pack()
+        finally:
+            hasher.join()
+        if "sha" not in result:
+            return weights
+        sha = result["sha"]
+        remember_sha256(model_path, sha)
+        key, path = _key(sha, dtype), cache_path(sha, dtype)
+    else:
+        key, path = _key(sha, dtype), cache_path(sha, dtype)
+        attrs = read(path, key)
+        if attrs is not None:
+            return rebuild(attrs)
+        weights = pack()
     try:
         _, arrays = _layout(weights)
     except TypeError:  # weights holding something this file cannot describe: packed on every load
