@@ -9,9 +9,11 @@ import tinydet
 from tinydet.tools.trace import diff_traces, run_trace, write_trace
 from tinydet.tools.verify import numba_targets
 
-# `verify`'s cells for its three dtypes: 16 in its own process per dtype, plus one per other numba target
-# this host can run and one with NumPy's AVX2/AVX-512 dispatch off.
+# `verify`'s cells per dtype: 16 in its own process, plus one per other numba target this host can run and
+# one with NumPy's AVX2/AVX-512 dispatch off. Its default dtypes: fp32, fp16 and native, and int8 for a
+# file with quantized matrices.
 VERIFY_CELLS = 3 * (16 + len(numba_targets()))
+VERIFY_CELLS_QUANTIZED = 4 * (16 + len(numba_targets()))
 
 # (threads, chunk) pairs; every test adds chunks that cross its model's sliding window at each offset.
 THREADS_AND_CHUNKS = ((1, 1), (2, 5), (3, 3))

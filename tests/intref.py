@@ -1,6 +1,6 @@
 """An independent NumPy reference of the integer mode's rules (backends/cpu/actq.py, intdot.py), written
 from the rules and GGUF's block format, not from the kernels: quants read from the file's bytes as
-integers, int64 block dots, float32 scaling in the stated order (one NumPy op per rounding, so no FMA),
+integers, exact integer block dots, float32 scaling in the stated order (one NumPy op per rounding, so no FMA),
 np.rint for the rounding, Kahan over the blocks in order."""
 
 from __future__ import annotations
@@ -50,6 +50,16 @@ def block_quants(raw: np.ndarray, name: str, n: int, k: int):
     return q.reshape(n, k), d, m
 
 
+def block_dots(qb: np.ndarray, wb: np.ndarray) -> np.ndarray:
+    """Integer dots of every block: qb (T, nb, B), wb (n, nb, B) int64 -> (nb, T, n) int64. Computed with
+    float64 products (BLAS, for speed), which are exact here: every product and every partial sum is an
+    integer below 2^53 (|q| <= 127, |w| <= 128, B <= 32), so no order of the sum can round."""
+    assert np.abs(qb).max(initial=0) <= 127 and np.abs(wb).max(initial=0) <= 128 and qb.shape[2] <= 32
+    a = np.ascontiguousarray(qb.transpose(1, 0, 2), np.float64)  # contiguous: BLAS per block
+    b = np.ascontiguousarray(wb.transpose(1, 2, 0), np.float64)
+    return np.rint(np.stack([a[i] @ b[i] for i in range(a.shape[0])])).astype(np.int64)  # (faster than batched @)
+
+
 def product(x: np.ndarray, raw: np.ndarray, name: str, n: int, k: int) -> np.ndarray:
     """out (T, n) float32 of the integer mode's rules."""
     q, dx = quantize(x)
@@ -58,11 +68,12 @@ def product(x: np.ndarray, raw: np.ndarray, name: str, n: int, k: int) -> np.nda
     qb = q.reshape(T, nb, 32)
     wb = wq.reshape(n, nb, 32)
     bs = qb.sum(axis=2)  # (T, nb)
+    dots = block_dots(qb, wb)  # (nb, T, n)
     s = np.zeros((T, n), f32)
     c = np.zeros((T, n), f32)
     with np.errstate(invalid="ignore", over="ignore"):
         for b in range(nb):
-            isum = qb[:, b, :] @ wb[:, b, :].T - OFFSET[name] * bs[:, b:b + 1]  # int64, exact
+            isum = dots[b] - OFFSET[name] * bs[:, b:b + 1]  # int64, exact
             assert np.abs(isum).max(initial=0) < 2 ** 24
             f = isum.astype(f32) * (dw[None, :, b] * dx[:, b:b + 1])
             if name == "Q4_1":
@@ -130,10 +141,12 @@ def k_product(x: np.ndarray, raw: np.ndarray, name: str, n: int, k: int) -> np.n
         for S in range(ns):
             isum = np.zeros((T, n), np.int64)
             msum = np.zeros((T, n), np.int64)
+            g0 = S * (256 // sub)
+            dots = block_dots(qb[:, g0:g0 + 256 // sub], wb[:, g0:g0 + 256 // sub])
             for j in range(256 // sub):
-                g = S * (256 // sub) + j
+                g = g0 + j
                 bs = qb[:, g, :].sum(axis=1)[:, None]
-                dot = qb[:, g, :] @ wb[:, g, :].T
+                dot = dots[j]
                 if name == "Q6_K":
                     isum += sc[None, :, g] * (dot - 32 * bs)
                 else:
@@ -148,3 +161,45 @@ def k_product(x: np.ndarray, raw: np.ndarray, name: str, n: int, k: int) -> np.n
             c = (z - s) - y
             s = z
     return s
+
+
+# --- a whole forward pass ---------------------------------------------------------------------------------
+
+def matrix_product(x: np.ndarray, raw: np.ndarray, name: str, n: int, k: int) -> np.ndarray:
+    """out (T, n) float32 of the integer mode's rules for a matrix of GGML type `name`, raw (n, row bytes)."""
+    if name in BLOCK_BYTES:
+        return product(x, raw, name, n, k)
+    if name in K_BLOCK_BYTES:
+        return k_product(x, raw, name, n, k)
+    raise ValueError(f"no integer rule for {name}")
+
+
+def int_reference(gguf_path):
+    """tests/reference.py's float64 Llama forward pass with every quantized matrix product computed by the
+    rules above (activations rounded to float32, then quantized): what `dtype="int8"` computes, up to the
+    rounding of everything else (float64 here, float32 in tinydet)."""
+    import gguf
+
+    from reference import ReferenceModel
+
+    class IntReference(ReferenceModel):
+        def __init__(self, path):
+            super().__init__(path)
+            self.raw = {}
+            for t in gguf.GGUFReader(str(path)).tensors:
+                if t.tensor_type.name in BLOCK_BYTES or t.tensor_type.name in K_BLOCK_BYTES:
+                    n, k = int(t.shape[1]) if len(t.shape) > 1 else 1, int(t.shape[0])
+                    self.raw[t.name] = (t.tensor_type.name, np.asarray(t.data).reshape(n, -1), n, k)
+
+        def _linear(self, x, li, name):
+            key = f"blk.{li}.{name}.weight" if li is not None else (
+                "output.weight" if "output.weight" in self.raw else "token_embd.weight")
+            if li is None and "output.weight" not in self.raw and key in self.raw and \
+                    self.output is not self.tok_embd:
+                key = None  # a float output matrix beside a quantized embedding
+            if key not in self.raw:
+                return super()._linear(x, li, name)
+            tname, raw, n, k = self.raw[key]
+            return matrix_product(np.asarray(x, np.float32), raw, tname, n, k).astype(np.float64)
+
+    return IntReference(gguf_path)

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 import qwen2gen as Q
 import tinydet
-from contract import VERIFY_CELLS, bits, check_native_gives_fp32_bits, check_threads_chunking_and_batch, check_trace_diff
+from contract import VERIFY_CELLS_QUANTIZED, bits, check_native_gives_fp32_bits, check_threads_chunking_and_batch, check_trace_diff
 from tinydet.cli import main
 from tinydet.hashing import file_sha256
 from tinydet.tools.golden import check_golden, model_loader, read_golden
@@ -158,7 +158,8 @@ def test_verify_matrix_passes(files):
     r = CliRunner().invoke(main, ["verify", "--model", str(files[False][1]["q8_0"]), "--json", "--new-tokens", "12"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
-    assert out["passed"] and len(out["cells"]) == VERIFY_CELLS
+    assert out["passed"] and len(out["cells"]) == VERIFY_CELLS_QUANTIZED
+    assert {c["dtype"] for c in out["cells"]} == {"fp32", "fp16", "native", "int8"}
 
 
 def test_golden_hashes(files, arch):

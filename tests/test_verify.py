@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 import tinydet
 from tinydet.cli import main
-from contract import VERIFY_CELLS as CELLS
+from contract import VERIFY_CELLS as CELLS, VERIFY_CELLS_QUANTIZED
 from tinydet.tools.verify import numba_targets, run_matrix
 
 
@@ -32,7 +32,8 @@ def test_verify_stories_passes_every_cell(stories_path):
 def test_verify_smollm_passes(smollm_path):
     r = CliRunner().invoke(main, ["verify", "--model", str(smollm_path), "--new-tokens", "8"])
     assert r.exit_code == 0, r.output
-    assert f"PASSED: {CELLS}/{CELLS}" in r.output
+    assert f"PASSED: {VERIFY_CELLS_QUANTIZED}/{VERIFY_CELLS_QUANTIZED}" in r.output  # int8's cells too
+    assert "int8   baseline" in r.output
 
 
 def test_verify_catches_a_thread_dependent_kernel(stories_path):

@@ -19,7 +19,8 @@ from .common import DTYPES, cli_errors, device_option, loader, no_memory_check_o
 @click.option("--prompt", default="Once upon a time", show_default=True)
 @click.option("--new-tokens", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--dtype", "dtypes", multiple=True, type=click.Choice(DTYPES),
-              help="Default: all three (native must give fp32's hashes).")
+              help="Default: fp32, fp16, native (which must give fp32's hashes), and int8 for a file with "
+                   "quantized matrices (on the CPU).")
 @click.option("--no-subprocess", is_flag=True, help="Skip the generic-CPU and reduced-NumPy-dispatch runs.")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--worker", default=None, hidden=True)
@@ -42,8 +43,15 @@ def verify(model_name, prompt, new_tokens, dtypes, no_subprocess, as_json, worke
     show = (lambda s: click.echo(f"\r{s[:70]:<70}", err=True, nl=False)) if sys.stderr.isatty() else None
     # The subprocess cells vary the CPU's compile target: for a GPU, the CPU backend itself is the cell.
     on_cpu = device == "cpu"
-    cells = run_matrix(lambda d, t: first if d == "fp32" else load(name, dtype=d, threads=t, device=device), name, ids,
-                       new_tokens, dtypes or ("fp32", "fp16", "native"), on_cpu and not no_subprocess, show,
+    loaded = {"fp32": first}
+    if not dtypes:
+        dtypes = ("fp32", "fp16", "native")
+        if on_cpu:
+            loaded["native"] = load(name, dtype="native", threads=1)
+            if any(kind not in ("f32", "f16") for kind in loaded["native"].backend.storage().values()):
+                dtypes += ("int8",)  # a quantized file: the integer mode's cells too
+    cells = run_matrix(lambda d, t: loaded[d] if d in loaded else load(name, dtype=d, threads=t, device=device), name, ids,
+                       new_tokens, dtypes, on_cpu and not no_subprocess, show,
                        reference=None if on_cpu else lambda d: load(name, dtype=d, threads=1))
     if show:
         click.echo("", err=True)
@@ -120,6 +128,10 @@ def golden(model_name, check_path, write_path, overwrite, threads, no_native, de
     sha = get("fp32").sha256
     if check_path:
         data = read_golden(check_path)
+        skipped = [c for c in data["cases"] if device != "cpu" and c.get("dtype") == "int8"]
+        if skipped:
+            click.echo(f"{len(skipped)} int8 cases skipped: int8 runs on the CPU backend only")
+            data = {**data, "cases": [c for c in data["cases"] if c not in skipped]}
         bad = check_golden(get, data, sha, native=not no_native)
         for line in bad:
             click.echo(line)
@@ -128,7 +140,8 @@ def golden(model_name, check_path, write_path, overwrite, threads, no_native, de
                                             f" and {n_checked(data) - n_cases} fp32 ones again with --dtype native")
         click.echo(f"FAILED: {len(bad)} hashes differ ({runs})" if bad else f"PASSED: every hash matches ({runs})")
         sys.exit(1 if bad else 0)
-    results = run_cases(get, default_cases(path.name))
+    quantized = any(":int8" in kind for kind in get("int8").backend.storage().values())
+    results = run_cases(get, default_cases(path.name, ("fp32", "fp16", "int8") if quantized else ("fp32", "fp16")))
     write_golden(write_path, path.name, sha, results, overwrite)
     click.echo(f"wrote {len(results)} cases to {write_path}")
 

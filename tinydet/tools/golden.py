@@ -17,14 +17,15 @@ from ..formats.jsonfile import write_json
 SETTINGS = ("prompt", "dtype", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed")
 
 
-def default_cases(model_name: str) -> list[dict]:
-    """The requests recorded for a model: greedy and seeded top-p sampling, in fp32 and fp16."""
+def default_cases(model_name: str, dtypes=("fp32", "fp16")) -> list[dict]:
+    """The requests recorded for a model: greedy and seeded top-p sampling, in each of `dtypes` (fp32
+    and fp16; int8 too for a file with quantized matrices)."""
     if "stories" in model_name.lower():
         prompts, n = ["", "Once upon a time", "Lily and Ben went to the park."], 64
     else:
         prompts, n = ["Once upon a time", "The three primary colours are", "def fibonacci(n):"], 32
     cases = []
-    for dtype in ("fp32", "fp16"):
+    for dtype in dtypes:
         for p in prompts:
             cases.append(dict(prompt=p, dtype=dtype, max_tokens=n, temperature=0.0))
             cases.append(dict(prompt=p, dtype=dtype, max_tokens=n, temperature=0.8, top_p=0.95, seed=42))
