@@ -381,8 +381,9 @@ class MixedPanels:
     the same sums.
 
     parts: one storage per kind (a QPanels without the layer axis, or float panels (P, k, 64) of
-    float32 or fp16 bits; in the integer mode an `intpanels.IntPanels` in a QPanels' place), the panels of all its segments one after another (a quantized segment
-    padded with a zero panel to an even count, so that a prefill pair never straddles two).
+    float32 or fp16 bits; in the integer mode an `intpanels.IntPanels` in a QPanels' place), the
+    panels of all its segments one after another (a quantized segment padded with a zero panel to an
+    even count, so that a prefill pair never straddles two).
     table: (L, S + 1, 4) int64, row s of layer l its segment s as (part, first panel in the part,
     first output row, first decode unit); rows past a layer's segments, and the last, are
     (-1, 0, n, the layer's decode units)."""
