@@ -94,7 +94,11 @@ def test_gemma3_k_quants(gemma3_path):
     assert st["w2"] == "Q6_K:int8+Q4_K:int8" and st["wqkv"] == "Q5_0:int8+Q8_0:int8", st
     ids = native.prompt_ids(PROMPT)[:40]
     a, b = int8.logits(ids), native.logits(ids)
-    print(f"Gemma 3: max |int8 - native| over {len(ids)} positions: {np.abs(a - b).max():.3g}")
-    assert np.abs(a - b).max() < 1.5 and (a.argmax(axis=1) == b.argmax(axis=1)).mean() >= 0.9
+    agree = (a.argmax(axis=1) == b.argmax(axis=1)).mean()
+    print(f"Gemma 3: max |int8 - native| over {len(ids)} positions: {np.abs(a - b).max():.3g} "
+          f"(max |native| {np.abs(b).max():.3g}), argmax agrees at {agree:.1%}")
+    # 1.53 measured with every kind in integers (the mixed kinds against 8-bit activations too; with them
+    # on native's float path the max stayed under this test's earlier bound, 1.5); argmax 97.5%
+    assert np.abs(a - b).max() < 2.0 and agree >= 0.9
     g = int8.generate("The capital of France is", max_tokens=16)
     assert "France" in g.text or "Paris" in g.text, g.text
