@@ -86,15 +86,19 @@ def test_cli_generate_int8(models, smollm_path):
 
 
 def test_gemma3_k_quants(gemma3_path):
-    """Gemma 3 270M Q4_K_M: Q4_K and Q5_0 kinds and the Q8_0 table in integers (the kinds of mixed types,
-    Q5_0+Q8_0 and Q6_K+Q4_K, on native's float path); logits near native's, greedy text coherent."""
+    """Gemma 3 270M Q4_K_M: every kind in integers, the Q4_K and Q5_0 kinds, the Q8_0 table and the kinds
+    of mixed types (Q5_0+Q8_0, Q6_K+Q4_K, `intmixed.py`); logits near native's, greedy text coherent."""
     native, int8 = (tinydet.load(gemma3_path, dtype=d, threads=2) for d in ("native", "int8"))
     st = int8.backend.storage()
     assert st["wo"] == "Q4_K:int8" and st["w13"] == "Q5_0:int8" and st["output"] == "Q8_0:int8"
-    assert st["w2"] == "Q6_K+Q4_K"
+    assert st["w2"] == "Q6_K:int8+Q4_K:int8" and st["wqkv"] == "Q5_0:int8+Q8_0:int8", st
     ids = native.prompt_ids(PROMPT)[:40]
     a, b = int8.logits(ids), native.logits(ids)
-    print(f"Gemma 3: max |int8 - native| over {len(ids)} positions: {np.abs(a - b).max():.3g}")
-    assert np.abs(a - b).max() < 1.5 and (a.argmax(axis=1) == b.argmax(axis=1)).mean() >= 0.9
+    agree = (a.argmax(axis=1) == b.argmax(axis=1)).mean()
+    print(f"Gemma 3: max |int8 - native| over {len(ids)} positions: {np.abs(a - b).max():.3g} "
+          f"(max |native| {np.abs(b).max():.3g}), argmax agrees at {agree:.1%}")
+    # 1.53 measured with every kind in integers (the mixed kinds against 8-bit activations too; with them
+    # on native's float path the max stayed under this test's earlier bound, 1.5); argmax 97.5%
+    assert np.abs(a - b).max() < 2.0 and agree >= 0.9
     g = int8.generate("The capital of France is", max_tokens=16)
     assert "France" in g.text or "Paris" in g.text, g.text

@@ -8,6 +8,7 @@
   actq.py     activations to 8-bit blocks, for the integer mode (dtype "int8")
   intdot.py   the integer mode's block dot products (VNNI, AVX2, generic lowerings of one rule)
   intpanels.py the integer mode's weight layout (the native panels; Q8_0's quants regrouped)
+  intmixed.py the integer mode's kinds of mixed types (each segment in its own type's integer kernels)
   tiles.py    rows times a panel's outputs, shared by every storage type; tile shapes per vector unit
   matmul.py   the one matrix product
   ops.py      RMSNorm, RoPE, attention, activations

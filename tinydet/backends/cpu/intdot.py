@@ -386,20 +386,22 @@ def tile_rows() -> int:
 def _kernels(kind: str):
     one, many, R = panel_rows(kind, 1), panel_rows(kind, tile_rows()), tile_rows()
     rows = "".join(f"min(t + {i}, last), " for i in range(R))
-    src = ["def units(xa, w, n_out, out, u0, u1):",
+    src = ["def units(xa, w, p0, n_out, out, u0, u1, c0):",
            "    for u in range(u0, u1):",
-           "        one(xa, w, u, (0,), u * 32, n_out, out, 1)",
-           "def group(xa, w, g, ta, tb, n_out, out):",
+           "        one(xa, w, p0 + u, (0,), c0 + u * 32, n_out, out, 1)",
+           "def group(xa, w, p0, g, ta, tb, n_out, out, c0):",
            "    P = w[1].shape[0]",
            "    last = tb - 1",
-           "    for p in range(2 * g, min(P, 2 * g + 2)):",
-           "        t = ta",
+           "    for i in range(2):",
+           "        p = p0 + 2 * g + i",
+           "        n0 = c0 + (2 * g + i) * 32",
+           "        t = ta if p < P and n0 < n_out else tb",  # no panel, or only padding rows past n_out
            "        while t < tb:",
            f"            if tb - t >= {R}:",
-           f"                many(xa, w, p, ({rows}), p * 32, n_out, out, tb)",
+           f"                many(xa, w, p, ({rows}), n0, n_out, out, tb)",
            f"                t += {R}",
            "            else:",
-           "                one(xa, w, p, (t,), p * 32, n_out, out, tb)",
+           "                one(xa, w, p, (t,), n0, n_out, out, tb)",
            "                t += 1"]
     scope = {"one": one, "many": many}
     exec("\n".join(src), scope)  # noqa: S102
@@ -407,12 +409,15 @@ def _kernels(kind: str):
 
 
 def units_kernel(kind: str):
-    """f(xa, w, n_out, out, u0, u1): row 0 of xa times panels u0 .. u1 (decode)."""
+    """f(xa, w, p0, n_out, out, u0, u1, c0): row 0 of xa times panels p0 + u0 .. p0 + u1 (decode),
+    panel p0 + u's outputs written from column c0 + 32 u on (clipped at n_out)."""
     return _kernels(kind)[0]
 
 
 def group_kernel(kind: str):
-    """f(xa, w, g, ta, tb, n_out, out): rows ta .. tb times panels 2g, 2g + 1 (prefill)."""
+    """f(xa, w, p0, g, ta, tb, n_out, out, c0): rows ta .. tb times panels p0 + 2g, p0 + 2g + 1
+    (prefill; those past the storage's end, or whose outputs all lie past n_out, skipped), written
+    from column c0 + 64 g on (clipped at n_out)."""
     return _kernels(kind)[1]
 
 

@@ -155,11 +155,17 @@ class QPanels:
 def as_storage(w):
     """What the kernels take for a matrix: float panels as they are, `QPanels` as the tuple (qs, d, m)
     (Q8_0, Q4_0, Q4_1) or (qs, d, m, sc, qh) (Q5_0 and the K-quants), `MixedPanels` as (its table,
-    then each part as five slots: (qs, d, m, sc, qh), or float panels and four Nones)."""
+    then each part as five slots: (qs, d, m, sc, qh), or float panels and four Nones); the integer
+    mode's storages (`intpanels.IntPanels`, and a MixedPanels with such parts) as `intmixed.py` says."""
     if hasattr(w, "int_storage"):  # intpanels.IntPanels
         return w.int_storage()
     if isinstance(w, MixedPanels):
         # flat, as numba's parallel regions take no nested tuples: 5 slots per part
+        ints = [p.int_storage() for p in w.parts if hasattr(p, "int_storage")]
+        if ints:  # the integer mode's: (tag, table, 6 slots per part), `intmixed.py`
+            slots = [p.int_storage() if hasattr(p, "int_storage") else (p, None, None, None, None, None)
+                     for p in w.parts]
+            return (ints[0][0], w.table) + tuple(a for s in slots for a in s)
         slots = [(p.qs, p.d, p.m, p.sc, p.qh) if isinstance(p, QPanels) else (p, None, None, None, None)
                  for p in w.parts]
         return (w.table,) + tuple(a for s in slots for a in s)
@@ -375,8 +381,9 @@ class MixedPanels:
     the same sums.
 
     parts: one storage per kind (a QPanels without the layer axis, or float panels (P, k, 64) of
-    float32 or fp16 bits), the panels of all its segments one after another (a quantized segment
-    padded with a zero panel to an even count, so that a prefill pair never straddles two).
+    float32 or fp16 bits; in the integer mode an `intpanels.IntPanels` in a QPanels' place), the
+    panels of all its segments one after another (a quantized segment padded with a zero panel to an
+    even count, so that a prefill pair never straddles two).
     table: (L, S + 1, 4) int64, row s of layer l its segment s as (part, first panel in the part,
     first output row, first decode unit); rows past a layer's segments, and the last, are
     (-1, 0, n, the layer's decode units)."""
@@ -391,7 +398,7 @@ class MixedPanels:
         return "+".join(_kind_name(p) for p in self.parts)
 
     def arrays(self) -> list[np.ndarray]:
-        return [a for p in self.parts for a in (p.arrays() if isinstance(p, QPanels) else [p])]
+        return [a for p in self.parts for a in ([p] if isinstance(p, np.ndarray) else p.arrays())]
 
     @property
     def nbytes(self) -> int:
@@ -403,7 +410,7 @@ class MixedPanels:
         ok = isinstance(t, np.ndarray) and t.dtype == np.int64 and t.ndim == 3 and t.shape[2] == 4 and t.shape[1] >= 2
         ok = ok and t.flags.c_contiguous and bool(self.parts)
         for p in self.parts if ok else ():
-            if isinstance(p, QPanels):
+            if not isinstance(p, np.ndarray):  # QPanels, or the integer mode's IntPanels
                 p.check()
                 ok = ok and p.k == self.k
             else:
@@ -421,7 +428,7 @@ class MixedPanels:
                     ok = False
                     break
                 st = self.parts[part]
-                quant = isinstance(st, QPanels)
+                quant = not isinstance(st, np.ndarray)
                 need = -(-(r1 - r0) // (QPANEL if quant else LANES))
                 ok = ok and u1 - u0 == (need if quant else 2 * need) and 0 <= p0 and p0 + need <= st_panels(st)
                 ok = ok and (not quant or (p0 % 2 == 0 and p0 + need + need % 2 <= st_panels(st)))
@@ -430,11 +437,11 @@ class MixedPanels:
 
 
 def st_panels(st) -> int:
-    return st.qs.shape[0] if isinstance(st, QPanels) else st.shape[0]
+    return st.shape[0] if isinstance(st, np.ndarray) else st.qs.shape[0]
 
 
 def _kind_name(st) -> str:
-    if isinstance(st, QPanels):
+    if not isinstance(st, np.ndarray):
         return st.type_name
     return "f16" if st.dtype == np.uint16 else "f32"
 

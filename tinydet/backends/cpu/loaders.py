@@ -27,7 +27,9 @@ from numba import njit, types
 from numba.extending import overload
 
 from .actq import quantize_rows
+from . import intmixed
 from .intdot import act_block, group_kernel, int_element, int_kind, tile_rows, units_kernel
+from .intmixed import is_int_mixed
 from .layout import QBLOCK, QPanels, as_storage
 from .qblocks import q_dequantize_pair, q_element, q_unit, q_unit_pair
 from .simd import HALF, LANES, prefetch, v_load, v_store, widen
@@ -55,6 +57,8 @@ def units(w):
 def _units(w):
     if int_kind(w):
         return lambda w: w[1].shape[0]
+    if is_int_mixed(w):
+        return lambda w: w[1][w[1].shape[0] - 1, 3]
     if _is_mixed(w):
         return lambda w: w[0][w[0].shape[0] - 1, 3]
     if isinstance(w, types.BaseTuple):
@@ -70,6 +74,8 @@ def groups(w):
 def _groups(w):
     if int_kind(w):
         return lambda w: (w[1].shape[0] + 1) // 2
+    if is_int_mixed(w):
+        return lambda w: (w[1][w[1].shape[0] - 1, 2] + LANES - 1) // LANES
     if _is_mixed(w):
         return lambda w: (w[0][w[0].shape[0] - 1, 2] + LANES - 1) // LANES
     if isinstance(w, types.BaseTuple):
@@ -83,7 +89,7 @@ def tiling(w, T):
 
 @overload(tiling)
 def _tiling(w, T):
-    if int_kind(w):  # integer dots of a pair of panels: each job reads them once per tile of rows
+    if int_kind(w) or is_int_mixed(w):  # integer dots of a pair of panels: each job reads them once per tile of rows
         rows = tile_rows()
         return lambda w, T: (rows, 16, 3)
     # fp32 panels are read from memory (`tiles.SHAPES` "direct"): 8 tiles per job, and a job as small
@@ -304,7 +310,9 @@ def gemv_units(x, w, n_out, out, u0, u1):
 def _gemv_units(x, w, n_out, out, u0, u1):
     if int_kind(w):
         kern = units_kernel(int_kind(w))
-        return lambda x, w, n_out, out, u0, u1: kern(x, w, n_out, out, u0, u1)
+        return lambda x, w, n_out, out, u0, u1: kern(x, w, 0, n_out, out, u0, u1, 0)
+    if is_int_mixed(w):
+        return intmixed.gemv_units(w, _seg_gemv)
     if _is_mixed(w):
         # Each segment's share of the units, read as its own storage type (layout.MixedPanels).
         def mixed(x, w, n_out, out, u0, u1):
@@ -329,8 +337,10 @@ def prefill_group(x, w, g, ta, tb, n_out, out, wbuf):
 def _prefill_group(x, w, g, ta, tb, n_out, out, wbuf):
     if int_kind(w):
         grp = group_kernel(int_kind(w))
-        return lambda x, w, g, ta, tb, n_out, out, wbuf: grp(x, w, g, ta, tb, n_out, out)
+        return lambda x, w, g, ta, tb, n_out, out, wbuf: grp(x, w, 0, g, ta, tb, n_out, out, 0)
     buffered = tiles_for("buffered")
+    if is_int_mixed(w):
+        return intmixed.prefill_group(w, _seg_fill, _seg_prefetch, buffered)
     if _is_mixed(w):
         def mixed(x, w, g, ta, tb, n_out, out, wbuf):
             tab = w[0]
@@ -373,6 +383,8 @@ def _act_alloc(x, w):
         B = act_block(w)
         return lambda x, w: (np.empty(x.shape, np.int8), np.empty((x.shape[0], x.shape[1] // B), np.float32),
                              np.empty((x.shape[0], x.shape[1] // 16), np.int32))
+    if is_int_mixed(w):
+        return intmixed.act_alloc(w)
     return lambda x, w: x
 
 
@@ -385,6 +397,8 @@ def _act_rows(x, w, xa, t0, t1):
     if int_kind(w):
         B = act_block(w)
         return lambda x, w, xa, t0, t1: quantize_rows(x, t0, t1, B, xa[0], xa[1], xa[2])
+    if is_int_mixed(w):
+        return intmixed.act_rows(w)
     return lambda x, w, xa, t0, t1: None
 
 
@@ -394,7 +408,7 @@ def quantizes(w):
 
 @overload(quantizes, inline="always")
 def _quantizes(w):
-    q = int_kind(w) is not None
+    q = int_kind(w) is not None or is_int_mixed(w)
     return lambda w: q
 
 
@@ -406,6 +420,8 @@ def layer(w, li):
 def _layer(w, li):
     if int_kind(w):
         return lambda w, li: (w[0], w[1][li], w[2][li], _pick(w[3], li), _pick(w[4], li), _pick(w[5], li))
+    if is_int_mixed(w):  # the parts have no layer axis
+        return lambda w, li: (w[0], w[1][li]) + w[2:]
     if _is_mixed(w):
         return lambda w, li: (w[0][li],) + w[1:]
     if isinstance(w, types.BaseTuple):

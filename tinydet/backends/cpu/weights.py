@@ -7,8 +7,8 @@
           kind whose layers (or runs of rows) differ in type keeps each as stored (`MixedPanels`)
           where the runs start at multiples of 64 rows; the bits of fp32
   int8    native storage, but the quantized matrices computed in integers against activations
-          quantized to 8 bits (`intdot.py`, `actq.py`; Q8_0's quants regrouped, `intpanels.py`); F16/F32
-          and kinds of mixed types (`MixedPanels`) as in native, for now
+          quantized to 8 bits (`intdot.py`, `actq.py`; Q8_0's quants regrouped, `intpanels.py`), the
+          quantized segments of kinds of mixed types too (`intmixed.py`); F16/F32 as in native
 Norm weights and biases stay float32. Matrices of one kind are stacked over layers (one array each,
 for the one-call forward pass); [wq; wk; wv] and [w1; w3] are packed as one matrix each. Packing goes
 a few thousand rows at a time and releases each part of the file as it is copied, so that loading
@@ -171,7 +171,12 @@ def _mixed_kind(per_layer: list[list[Tensor]]) -> MixedPanels | None:
 
 
 def _integer(st):
-    """A kind for the integer mode: quantized panels of INT_TYPES as IntPanels, others as they are."""
+    """A kind for the integer mode: quantized panels of INT_TYPES as IntPanels, a kind of mixed types
+    with each such part as IntPanels (its float parts, and its segment table, as they are), others as
+    they are."""
+    if isinstance(st, MixedPanels):
+        parts = tuple(_integer(p) for p in st.parts)
+        return st if all(p is q for p, q in zip(parts, st.parts)) else MixedPanels(st.n, st.k, parts, st.table)
     return from_qpanels(st) if isinstance(st, QPanels) and st.ggml_type in INT_TYPES else st
 
 
@@ -259,7 +264,8 @@ class CPUWeights:
 
     def storage(self) -> dict[str, str]:
         """How each matrix kind is stored: "f32", "f16" or a GGML quant type name ("Q6_K+Q4_K": a kind of
-        mixed types, `MixedPanels`, its parts in order; "Q4_0:int8": computed in integers, `IntPanels`)."""
+        mixed types, `MixedPanels`, its parts in order; "Q4_0:int8": computed in integers, `IntPanels`;
+        "Q4_K:int8+Q6_K:int8": a kind of mixed types in the integer mode)."""
         def kind(m):
             if isinstance(m, (QPanels, MixedPanels, IntPanels)):
                 return m.type_name
