@@ -163,7 +163,7 @@ def k_product(x: np.ndarray, raw: np.ndarray, name: str, n: int, k: int) -> np.n
     return s
 
 
-# --- a whole forward pass ---------------------------------------------------------------------------------
+# --- any matrix of the types above --------------------------------------------------------------------
 
 def matrix_product(x: np.ndarray, raw: np.ndarray, name: str, n: int, k: int) -> np.ndarray:
     """out (T, n) float32 of the integer mode's rules for a matrix of GGML type `name`, raw (n, row bytes)."""
@@ -173,33 +173,3 @@ def matrix_product(x: np.ndarray, raw: np.ndarray, name: str, n: int, k: int) ->
         return k_product(x, raw, name, n, k)
     raise ValueError(f"no integer rule for {name}")
 
-
-def int_reference(gguf_path):
-    """tests/reference.py's float64 Llama forward pass with every quantized matrix product computed by the
-    rules above (activations rounded to float32, then quantized): what `dtype="int8"` computes, up to the
-    rounding of everything else (float64 here, float32 in tinydet)."""
-    import gguf
-
-    from reference import ReferenceModel
-
-    class IntReference(ReferenceModel):
-        def __init__(self, path):
-            super().__init__(path)
-            self.raw = {}
-            for t in gguf.GGUFReader(str(path)).tensors:
-                if t.tensor_type.name in BLOCK_BYTES or t.tensor_type.name in K_BLOCK_BYTES:
-                    n, k = int(t.shape[1]) if len(t.shape) > 1 else 1, int(t.shape[0])
-                    self.raw[t.name] = (t.tensor_type.name, np.asarray(t.data).reshape(n, -1), n, k)
-
-        def _linear(self, x, li, name):
-            key = f"blk.{li}.{name}.weight" if li is not None else (
-                "output.weight" if "output.weight" in self.raw else "token_embd.weight")
-            if li is None and "output.weight" not in self.raw and key in self.raw and \
-                    self.output is not self.tok_embd:
-                key = None  # a float output matrix beside a quantized embedding
-            if key not in self.raw:
-                return super()._linear(x, li, name)
-            tname, raw, n, k = self.raw[key]
-            return matrix_product(np.asarray(x, np.float32), raw, tname, n, k).astype(np.float64)
-
-    return IntReference(gguf_path)

@@ -117,11 +117,6 @@ class ReferenceModel:
         out[..., 1:self.n_rot:2] = x0 * sin + x1 * cos
         return out
 
-    def _linear(self, x, li, name):
-        """x @ W.T for layer li's matrix `name` (li None: the output matrix); a subclass may compute it
-        another way (tests/intref.py's IntReference: the integer mode's rules)."""
-        return x @ (self.output if li is None else self.layers[li][name]).T
-
     def new_cache(self):
         return {"pos": 0,
                 "k": [np.zeros((0, self.n_kv_heads, self.head_dim)) for _ in range(self.n_layers)],
@@ -145,9 +140,9 @@ class ReferenceModel:
         x = self.tok_embd[ids]  # (n, dim)
         for li, L in enumerate(self.layers):
             h = self._rmsnorm(x, L["attn_norm"])
-            q = self._linear(h, li, "attn_q").reshape(n, H, D)
-            k = self._linear(h, li, "attn_k").reshape(n, KV, D)
-            v = self._linear(h, li, "attn_v").reshape(n, KV, D)
+            q = (h @ L["attn_q"].T).reshape(n, H, D)
+            k = (h @ L["attn_k"].T).reshape(n, KV, D)
+            v = (h @ L["attn_v"].T).reshape(n, KV, D)
             q, k = self._rope(q, positions), self._rope(k, positions)
             K = cache["k"][li] = np.concatenate([cache["k"][li], k], axis=0)  # (total, KV, D)
             V = cache["v"][li] = np.concatenate([cache["v"][li], v], axis=0)
@@ -159,14 +154,14 @@ class ReferenceModel:
             p = np.exp(scores)
             p /= p.sum(axis=-1, keepdims=True)
             att = np.einsum("kgnt,tkd->nkgd", p, V).reshape(n, H * D)
-            x = x + self._linear(att, li, "attn_output")
+            x = x + att @ L["attn_output"].T
             h = self._rmsnorm(x, L["ffn_norm"])
-            gate = self._linear(h, li, "ffn_gate")
-            up = self._linear(h, li, "ffn_up")
-            x = x + self._linear(gate / (1.0 + np.exp(-gate)) * up, li, "ffn_down")
+            gate = h @ L["ffn_gate"].T
+            up = h @ L["ffn_up"].T
+            x = x + (gate / (1.0 + np.exp(-gate)) * up) @ L["ffn_down"].T
         cache["pos"] = total
         x = self._rmsnorm(x, self.output_norm)
-        return self._linear(x, None, "output")
+        return x @ self.output.T
 
     # -- public API -----------------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from tinydet.tools.golden import read_golden
 import intref
 
 GOLDEN = Path(__file__).parent / "golden" / "smollm2-135m-instruct.json"
-# op -> (its input op, the GGUF tensor, the output columns of that tensor's rows)
+# op -> (the op whose rows it multiplies, its GGUF matrix; None: the output matrix)
 PRODUCTS = {"q": ("attn_norm", "attn_q"), "k": ("attn_norm", "attn_k"), "v": ("attn_norm", "attn_v"),
             "attn_output": ("attention", "attn_output"), "gate": ("ffn_norm", "ffn_gate"),
             "up": ("ffn_norm", "ffn_up"), "down": ("activation", "ffn_down"), "logits": ("final_norm", None)}

@@ -14,6 +14,11 @@ from ..errors import TinydetError
 from .common import DTYPES, cli_errors, device_option, loader, no_memory_check_option
 
 
+def _quantized(model) -> bool:
+    """Whether a model loaded as native or int8 keeps any matrix quantized (int8 then has bits of its own)."""
+    return any(kind not in ("f32", "f16") for kind in model.backend.storage().values())
+
+
 @click.command()
 @click.option("--model", "model_name", default=None, help="Model (default: smollm2-135m-instruct).")
 @click.option("--prompt", default="Once upon a time", show_default=True)
@@ -48,8 +53,8 @@ def verify(model_name, prompt, new_tokens, dtypes, no_subprocess, as_json, worke
         dtypes = ("fp32", "fp16", "native")
         if on_cpu:
             loaded["native"] = load(name, dtype="native", threads=1)
-            if any(kind not in ("f32", "f16") for kind in loaded["native"].backend.storage().values()):
-                dtypes += ("int8",)  # a quantized file: the integer mode's cells too
+            if _quantized(loaded["native"]):
+                dtypes += ("int8",)  # the integer mode's cells too
     cells = run_matrix(lambda d, t: loaded[d] if d in loaded else load(name, dtype=d, threads=t, device=device), name, ids,
                        new_tokens, dtypes, on_cpu and not no_subprocess, show,
                        reference=None if on_cpu else lambda d: load(name, dtype=d, threads=1))
@@ -140,8 +145,8 @@ def golden(model_name, check_path, write_path, overwrite, threads, no_native, de
                                             f" and {n_checked(data) - n_cases} fp32 ones again with --dtype native")
         click.echo(f"FAILED: {len(bad)} hashes differ ({runs})" if bad else f"PASSED: every hash matches ({runs})")
         sys.exit(1 if bad else 0)
-    quantized = any(":int8" in kind for kind in get("int8").backend.storage().values())
-    results = run_cases(get, default_cases(path.name, ("fp32", "fp16", "int8") if quantized else ("fp32", "fp16")))
+    dtypes = ("fp32", "fp16", "int8") if _quantized(get("int8")) else ("fp32", "fp16")
+    results = run_cases(get, default_cases(path.name, dtypes))
     write_golden(write_path, path.name, sha, results, overwrite)
     click.echo(f"wrote {len(results)} cases to {write_path}")
 

@@ -115,17 +115,6 @@ def _checksum_arrays(arrays: list[np.ndarray], length: int) -> bytes:
     return _digest(sums)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink(tmp)
-        raise
-
-
 def _unlink(path) -> None:
     try:
         os.unlink(path)
@@ -272,33 +261,38 @@ def write(path: Path, key: dict, weights) -> None:
         raise
 
 
+def _pack_hashing(model_path: Path, pack: Callable[[], object]):
+    """(pack(), the file's SHA-256 or None if it could not be read), the hash computed in a thread
+    meanwhile (hashlib lets go of the GIL)."""
+    result = {}
+
+    def hash_it():
+        try:
+            result["sha"] = file_sha256(model_path)
+        except OSError:
+            pass
+    hasher = threading.Thread(target=hash_it, name="tinydet-sha256", daemon=True)
+    hasher.start()
+    try:
+        weights = pack()
+    finally:
+        hasher.join()
+    return weights, result.get("sha")
+
+
 def load_or_pack(model_path: Path, dtype: str, pack: Callable[[], object], rebuild: Callable[[dict], object]):
     """The weights of `model_path` for `dtype`: from the cache when a whole, current file is there,
     else `pack()`ed and (when small enough) written for next time. `rebuild(attrs)` makes the weights
     object from the cached attributes."""
     model_path = Path(model_path).resolve()
-    sha = indexed_sha256(model_path)
-    if sha is None:  # a file not seen before: hashed while it is packed (hashlib lets go of the GIL)
-        result = {}
-
-        def hash_it():
-            try:
-                result["sha"] = file_sha256(model_path)
-            except OSError:
-                pass
-        hasher = threading.Thread(target=hash_it, name="tinydet-sha256", daemon=True)
-        hasher.start()
-        try:
-            weights = pack()
-        finally:
-            hasher.join()
-        if "sha" not in result:
+    sha, weights = indexed_sha256(model_path), None
+    if sha is None:  # a file not seen before: hashed while it is packed
+        weights, sha = _pack_hashing(model_path, pack)
+        if sha is None:
             return weights
-        sha = result["sha"]
         remember_sha256(model_path, sha)
-        key, path = _key(sha, dtype), cache_path(sha, dtype)
-    else:
-        key, path = _key(sha, dtype), cache_path(sha, dtype)
+    key, path = _key(sha, dtype), cache_path(sha, dtype)
+    if weights is None:
         attrs = read(path, key)
         if attrs is not None:
             return rebuild(attrs)
