@@ -132,6 +132,7 @@ def test_q4_k_m_panel_cache_round_trip(q4_k_m, tmp_path, monkeypatch):
     monkeypatch.delenv(panelcache.ENV_OFF, raising=False)
     plain = tinydet.load(q4_k_m, dtype="int8", panel_cache=False)
     tinydet.load(q4_k_m, dtype="int8")  # packs and writes
+    panelcache.wait()  # written in the background
     assert len(list((tmp_path / "cache" / "panels").glob("*.tdp"))) == 1
     reads, real_read = [], panelcache.read
     monkeypatch.setattr(panelcache, "read", lambda *a: reads.append(real_read(*a)) or reads[-1])

@@ -6,6 +6,10 @@ turned off, and a disk that refuses the file gives a warning and a normal load."
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import threading
 
 import numpy as np
 import pytest
@@ -54,6 +58,7 @@ def assert_same_weights(a, b) -> None:
 
 
 def cache_files(tmp_path):
+    panelcache.wait()  # loads write their files in the background
     return sorted((tmp_path / "cache" / "panels").glob("*.tdp"))
 
 
@@ -79,6 +84,34 @@ def test_cached_load_is_the_packed_load(model_file, tmp_path, monkeypatch, dtype
     want = plain.logits(ids)
     assert np.array_equal(second.logits(ids).view(np.uint32), want.view(np.uint32))
     assert cache_files(tmp_path) == [path]
+
+
+def test_load_does_not_wait_for_the_write(model_file, tmp_path, monkeypatch):
+    """The packed model is returned while its file is written; generating meanwhile gives the same bits,
+    and a second load in the process waits for the file rather than packing again."""
+    gate, real_write = threading.Event(), panelcache.write
+    monkeypatch.setattr(panelcache, "write", lambda *a: gate.wait(120) and real_write(*a))
+    plain = tinydet.load(model_file, dtype="native", panel_cache=False)
+    m = tinydet.load(model_file, dtype="native")
+    assert list((tmp_path / "cache" / "panels").glob("*.tdp")) == []  # still held at the gate
+    ids = m.tokenize("Once upon a time")
+    assert np.array_equal(m.logits(ids).view(np.uint32), plain.logits(ids).view(np.uint32))
+    gate.set()
+    monkeypatch.setattr(panelcache, "read", lambda *a, real=panelcache.read: real(*a) or pytest.fail("packed again"))
+    again = tinydet.load(model_file, dtype="native")
+    assert_same_weights(again.backend.weights, plain.backend.weights)
+    assert len(cache_files(tmp_path)) == 1
+
+
+def test_process_that_exits_at_once_leaves_a_whole_file(model_file, tmp_path):
+    """A command that ends right after the load (the file still being written) waits for it at exit."""
+    r = subprocess.run([sys.executable, "-c", f"import tinydet; tinydet.load({str(model_file)!r}, dtype='native')"],
+                       env=dict(os.environ), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    (path,) = cache_files(tmp_path)
+    sha = tinydet.hashing.model_sha256(model_file)
+    assert panelcache.read(path, panelcache._key(sha, "native")) is not None
+    assert list(path.parent.glob("*.tmp")) == []
 
 
 def _build(model_file):
@@ -161,6 +194,7 @@ def test_unwritable_cache_warns_and_loads(model_file, tmp_path, monkeypatch, cap
     monkeypatch.setattr(panelcache, "write", refuse)
     m = tinydet.load(model_file, dtype="native")
     assert m.backend.weights.wqkv is not None
+    panelcache.wait()
     err = capsys.readouterr().err
     assert "not cached (No space left on device)" in err and err.count("\n") == 1
     assert cache_files(tmp_path) == []
@@ -195,7 +229,6 @@ def test_packing_reports_progress(model_file):
 
 def test_progress_line_only_on_a_terminal_after_a_second(monkeypatch):
     import io
-    import sys
 
     from tinydet.cli import common
 
@@ -264,7 +297,6 @@ def test_cli_no_panel_cache(model_file, tmp_path):
 
 
 def test_old_temporary_files_are_swept(model_file, tmp_path):
-    import os
     import time
 
     folder = tmp_path / "cache" / "panels"
@@ -274,7 +306,7 @@ def test_old_temporary_files_are_swept(model_file, tmp_path):
         p.write_bytes(b"partial")
     os.utime(old, (time.time() - 7200, time.time() - 7200))
     tinydet.load(model_file, dtype="native")
-    assert not old.exists() and new.exists() and len(cache_files(tmp_path)) == 1
+    assert len(cache_files(tmp_path)) == 1 and not old.exists() and new.exists()
 
 
 def test_other_attributes_round_trip_or_skip_the_cache(model_file, tmp_path, monkeypatch):

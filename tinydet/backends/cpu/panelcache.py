@@ -16,9 +16,10 @@ a first load hashes the file in a thread while it packs.
 Before use a file is checked whole: its magic, header hash, key and length, then every byte of the
 data against the stored checksum (`_chunk_sums`, an integer mix of each 8-byte word and its index,
 summed per MiB in parallel: any one changed word changes its chunk's sum, and it runs at memory speed).
-A file that fails is removed and the model packed again. Files are written to a temporary name and
-renamed, under a lock, so that processes starting together never see half a file; a read-only or full
-disk gives a one-line warning and a normal load. TINYDET_NO_PANEL_CACHE=1 (or `load(panel_cache=False)`)
+A file that fails is removed and the model packed again. Files are written in a thread while the
+freshly packed model is already in use (the process waits for it at exit), to a temporary name renamed
+under a lock, so that processes starting together never see half a file; a read-only or full disk
+gives a one-line warning and a normal load. TINYDET_NO_PANEL_CACHE=1 (or `load(panel_cache=False)`)
 turns the cache off. Only dtypes whose panels are not much larger than the file are kept (native and
 int8, whose panels are the file's bytes moved; fp16 of an F16 file; fp32 of an F32 file): fp32 panels
 of a 4-bit file would take eight times its disk space.
@@ -67,23 +68,36 @@ def cache_dir() -> Path:
     return cache_base() / "panels"
 
 
+@njit(nogil=True, cache=True)
+def _chunk_sum(words, base, c):
+    """The sum, mod 2**64, of mix(w ^ (i * golden)) over the words w of `words` at file word index
+    i = base + their index that fall in chunk c. The mix (xorshift, odd multiply, xorshift) is a
+    bijection, so one changed word always changes its chunk's sum; the index makes moved words count.
+    Integer sums are exact, so a chunk may be summed in pieces (the arrays written one after another)
+    and on any machine: the same result."""
+    s = np.uint64(0)
+    for i in range(max(base, c * _CHUNK_WORDS), min(base + words.shape[0], (c + 1) * _CHUNK_WORDS)):
+        x = words[i - base] ^ (np.uint64(i) * np.uint64(0x9E3779B97F4A7C15))
+        x ^= x >> np.uint64(31)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(29)
+        s += x
+    return s
+
+
 @njit(parallel=True, cache=True)
 def _chunk_sums(words, base, out):
-    """Add to out[c] the sum, mod 2**64, of mix(w ^ (i * golden)) over the words w of `words` at file
-    word index i = base + their index that fall in chunk c. The mix (xorshift, odd multiply, xorshift)
-    is a bijection, so one changed word always changes its chunk's sum; the index makes moved words
-    count. Integer sums are exact, so a chunk may be summed in pieces (the arrays written one after
-    another) and on any machine: the same result."""
-    n = words.shape[0]
-    for c in prange(base // _CHUNK_WORDS, (base + n + _CHUNK_WORDS - 1) // _CHUNK_WORDS):
-        s = np.uint64(0)
-        for i in range(max(base, c * _CHUNK_WORDS), min(base + n, (c + 1) * _CHUNK_WORDS)):
-            x = words[i - base] ^ (np.uint64(i) * np.uint64(0x9E3779B97F4A7C15))
-            x ^= x >> np.uint64(31)
-            x *= np.uint64(0xBF58476D1CE4E5B9)
-            x ^= x >> np.uint64(29)
-            s += x
-        out[c] += s
+    """Add to out[c] `_chunk_sum` of every chunk c that `words` (at word index `base`) reaches."""
+    for c in prange(base // _CHUNK_WORDS, (base + words.shape[0] + _CHUNK_WORDS - 1) // _CHUNK_WORDS):
+        out[c] += _chunk_sum(words, base, c)
+
+
+@njit(nogil=True, cache=True)
+def _chunk_sums_serial(words, base, out):
+    """`_chunk_sums` on the calling thread alone, the GIL let go: for a writer in the background, which
+    must not launch parallel regions beside the model's (numba's workqueue layer takes one at a time)."""
+    for c in range(base // _CHUNK_WORDS, (base + words.shape[0] + _CHUNK_WORDS - 1) // _CHUNK_WORDS):
+        out[c] += _chunk_sum(words, base, c)
 
 
 def _digest(sums: np.ndarray) -> bytes:
@@ -98,7 +112,7 @@ def checksum(data: np.ndarray) -> bytes:
     return _digest(sums)
 
 
-def _checksum_arrays(arrays: list[np.ndarray], length: int) -> bytes:
+def _checksum_arrays(arrays: list[np.ndarray], length: int, sums_fn=_chunk_sums) -> bytes:
     """`checksum` of the data region `write` lays out (each array, then zeros to a multiple of 4096),
     from the arrays in memory: reading the written file back would map all of it next to them."""
     sums = np.zeros(-(-length // (8 * _CHUNK_WORDS)), np.uint64)
@@ -107,10 +121,10 @@ def _checksum_arrays(arrays: list[np.ndarray], length: int) -> bytes:
         flat = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
         whole = flat.size // 8 * 8
         if whole:
-            _chunk_sums(flat[:whole].view(np.uint64), pos // 8, sums)
+            sums_fn(flat[:whole].view(np.uint64), pos // 8, sums)
         tail = np.zeros(-(-a.nbytes // _ALIGN) * _ALIGN - whole, np.uint8)
         tail[:flat.size - whole] = flat[whole:]
-        _chunk_sums(tail.view(np.uint64), (pos + whole) // 8, sums)
+        sums_fn(tail.view(np.uint64), (pos + whole) // 8, sums)
         pos += whole + tail.size
     return _digest(sums)
 
@@ -227,8 +241,9 @@ def _sweep(folder: Path, age: float = 3600.0) -> None:
             pass
 
 
-def write(path: Path, key: dict, weights) -> None:
-    """Write `weights` (a CPUWeights) to `path`: a temporary file, checksummed, then renamed."""
+def write(path: Path, key: dict, weights, sums_fn=_chunk_sums) -> None:
+    """Write `weights` (a CPUWeights) to `path`: a temporary file, checksummed (by `sums_fn`), then
+    renamed."""
     attrs, arrays = _layout(weights)
     entries, off = [], 0
     for a in arrays:
@@ -253,7 +268,7 @@ def write(path: Path, key: dict, weights) -> None:
                 f.write(memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8)))
                 f.write(bytes(-a.nbytes % _ALIGN))
             f.seek(0)
-            f.write(_PREFIX.pack(MAGIC, len(head), _checksum_arrays(arrays, length), hashlib.sha256(head).digest())
+            f.write(_PREFIX.pack(MAGIC, len(head), _checksum_arrays(arrays, length, sums_fn), hashlib.sha256(head).digest())
                     + head)
         os.replace(tmp, path)
     except BaseException:
@@ -280,10 +295,50 @@ def _pack_hashing(model_path: Path, pack: Callable[[], object]):
     return weights, result.get("sha")
 
 
+_writers: dict[Path, threading.Thread] = {}  # cache files being written in the background, by path
+_writers_lock = threading.Lock()
+
+
+def wait(path: Path | None = None) -> None:
+    """Return once the cache file at `path` (every one, when None) is no longer being written."""
+    with _writers_lock:
+        pending = list(_writers.values()) if path is None else [_writers[path]] if path in _writers else []
+    for t in pending:
+        t.join()
+
+
+def _store(path: Path, key: dict, weights, sha: str, dtype: str) -> None:
+    """Write the cache file (unless another process has meanwhile) and remove that model's files of
+    older sources; a disk that refuses gives a one-line warning. Runs in a thread of low priority while
+    the model is used: its checksum is serial and lets go of the GIL, so the forward passes keep the
+    cores and the interpreter."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)  # this thread only, on Linux
+    except (AttributeError, OSError):
+        pass
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with file_lock(str(path) + ".lock"):
+            if not path.exists():
+                write(path, key, weights, _chunk_sums_serial)
+        for old in path.parent.glob(f"{sha}-{dtype}-*.tdp"):  # files of an older source
+            if old != path:
+                _unlink(old)
+    except Exception as e:  # noqa: BLE001 - the model is in use already: a failed write only warns
+        why = e.strerror if isinstance(e, OSError) and e.strerror else e
+        sys.stderr.write(f"tinydet: packed panels not cached ({why}); loading normally\n")
+    finally:
+        with _writers_lock:
+            if _writers.get(path) is threading.current_thread():
+                del _writers[path]
+
+
 def load_or_pack(model_path: Path, dtype: str, pack: Callable[[], object], rebuild: Callable[[dict], object]):
     """The weights of `model_path` for `dtype`: from the cache when a whole, current file is there,
-    else `pack()`ed and (when small enough) written for next time. `rebuild(attrs)` makes the weights
-    object from the cached attributes."""
+    else `pack()`ed and (when small enough) written for next time, in a thread, so that the model is
+    ready as soon as it is packed (not a daemon: the process waits for the file at exit, and a file cut
+    short is only ever a temporary name). `rebuild(attrs)` makes the weights object from the cached
+    attributes."""
     model_path = Path(model_path).resolve()
     sha, weights = indexed_sha256(model_path), None
     if sha is None:  # a file not seen before: hashed while it is packed
@@ -293,6 +348,7 @@ def load_or_pack(model_path: Path, dtype: str, pack: Callable[[], object], rebui
         remember_sha256(model_path, sha)
     key, path = _key(sha, dtype), cache_path(sha, dtype)
     if weights is None:
+        wait(path)  # this process's own write of it, still under way
         attrs = read(path, key)
         if attrs is not None:
             return rebuild(attrs)
@@ -303,14 +359,10 @@ def load_or_pack(model_path: Path, dtype: str, pack: Callable[[], object], rebui
         return weights
     if sum(a.nbytes for a in arrays) > MAX_GROWTH * model_path.stat().st_size:
         return weights
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with file_lock(str(path) + ".lock"):
-            if not path.exists():  # another process may have written it meanwhile
-                write(path, key, weights)
-        for old in path.parent.glob(f"{sha}-{dtype}-*.tdp"):  # files of an older source
-            if old != path:
-                _unlink(old)
-    except OSError as e:
-        sys.stderr.write(f"tinydet: packed panels not cached ({e.strerror or e}); loading normally\n")
+    writer = threading.Thread(target=_store, args=(path, key, weights, sha, dtype), name="tinydet-panel-cache")
+    with _writers_lock:
+        if path in _writers:  # another thread of this process writes it
+            return weights
+        _writers[path] = writer
+    writer.start()
     return weights
