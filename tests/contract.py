@@ -15,6 +15,32 @@ from tinydet.tools.verify import numba_targets
 VERIFY_CELLS = 3 * (16 + len(numba_targets()))
 VERIFY_CELLS_QUANTIZED = 4 * (16 + len(numba_targets()))
 
+# int8's cells without the other targets' and NumPy's runs (`check_verify_matrix`)
+VERIFY_CELLS_IN_PROCESS = 16 - 1
+
+
+def check_verify_matrix(path) -> None:
+    """`tinydet verify` on a tiny quantized file passes: the float dtypes' whole matrix, and int8's cells
+    in its own process. int8's runs under the other numba targets and NumPy's dispatch are SmolLM2's
+    (test_verify.py; test_golden.py under each target): int8 differs from fp32 only in its matrix
+    products, the same kernels whatever the architecture, and each target's compile of another tiny
+    model's int8 pass is minutes of CI."""
+    import json
+
+    from click.testing import CliRunner
+
+    from tinydet.cli import main
+
+    base = ["verify", "--model", str(path), "--json", "--new-tokens", "12"]
+    for extra, n, dtypes in ((["--dtype", "fp32", "--dtype", "fp16", "--dtype", "native"], VERIFY_CELLS,
+                              {"fp32", "fp16", "native"}),
+                             (["--dtype", "int8", "--no-subprocess"], VERIFY_CELLS_IN_PROCESS, {"int8"})):
+        r = CliRunner().invoke(main, base + extra)
+        assert r.exit_code == 0, r.output
+        out = json.loads(r.stdout)
+        assert out["passed"] and len(out["cells"]) == n and {c["dtype"] for c in out["cells"]} == dtypes
+
+
 # (threads, chunk) pairs; every test adds chunks that cross its model's sliding window at each offset.
 THREADS_AND_CHUNKS = ((1, 1), (2, 5), (3, 3))
 

@@ -180,8 +180,10 @@ def test_worst_case_magnitudes(name):
 
 def test_generic_and_avx2_builds_give_the_same_bits(tmp_path):
     """Compiled for a generic x86-64 (plain vector integer IR) and for Haswell (AVX2's vpmaddubsw and
-    vpmaddwd), the bits of the reference, as the host build's (AVX-512 VNNI here) are: every type."""
-    cases = [(name, 100, 192) for name in TYPES] + [(name, 70, 512) for name in K_TYPES]
+    vpmaddwd), the bits of the reference, as the host build's (AVX-512 VNNI here) are: every type but
+    Q4_1 and Q8_0, which SmolLM2's int8 golden cases run under both builds (`test_golden.py`), each
+    type being a compile of its own."""
+    cases = [(name, 100, 192) for name in TYPES if name not in ("Q4_1", "Q8_0")] + [(name, 70, 512) for name in K_TYPES]
     script = tmp_path / "gen.py"
     script.write_text(
         "import sys, numpy as np\n"

@@ -20,12 +20,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 import spmgen as S
 import tinydet
-from contract import VERIFY_CELLS_QUANTIZED, bits, check_native_gives_fp32_bits, check_threads_chunking_and_batch, check_trace_diff
-from tinydet.cli import main
+from contract import bits, check_native_gives_fp32_bits, check_threads_chunking_and_batch, check_trace_diff, check_verify_matrix
 from tinydet.hashing import file_sha256
 from tinydet.tools.golden import check_golden, model_loader, read_golden
 
@@ -289,11 +287,7 @@ def test_convert_back_to_hf_directory(files, tmp_path, hf_model, arch):
 
 
 def test_verify_matrix_passes(files):
-    r = CliRunner().invoke(main, ["verify", "--model", str(files[False][1]["q8_0"]), "--json", "--new-tokens", "12"])
-    assert r.exit_code == 0, r.output
-    out = json.loads(r.stdout)
-    assert out["passed"] and len(out["cells"]) == VERIFY_CELLS_QUANTIZED
-    assert {c["dtype"] for c in out["cells"]} == {"fp32", "fp16", "native", "int8"}
+    check_verify_matrix(files[False][1]["q8_0"])
 
 
 def test_golden_hashes(files, arch):
