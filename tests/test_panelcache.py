@@ -104,9 +104,15 @@ def test_load_does_not_wait_for_the_write(model_file, tmp_path, monkeypatch):
 
 
 def test_process_that_exits_at_once_leaves_a_whole_file(model_file, tmp_path):
-    """A command that ends right after the load (the file still being written) waits for it at exit."""
-    r = subprocess.run([sys.executable, "-c", f"import tinydet; tinydet.load({str(model_file)!r}, dtype='native')"],
-                       env=dict(os.environ), capture_output=True, text=True, timeout=600)
+    """A command that ends right after the load (the file still being written) waits for it at exit,
+    also when the load ran in a daemon thread (as `tinydet serve` loads)."""
+    code = ("import threading, time, tinydet\n"
+            "from tinydet.backends.cpu import panelcache\n"
+            "real = panelcache.write\n"
+            "panelcache.write = lambda *a: time.sleep(2) or real(*a)  # still writing when the main thread ends\n"
+            f"t = threading.Thread(target=tinydet.load, args=({str(model_file)!r},), kwargs={{'dtype': 'native'}}, daemon=True)\n"
+            "t.start(); t.join()\n")
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     (path,) = cache_files(tmp_path)
     sha = tinydet.hashing.model_sha256(model_file)

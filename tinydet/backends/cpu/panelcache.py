@@ -359,7 +359,9 @@ def load_or_pack(model_path: Path, dtype: str, pack: Callable[[], object], rebui
         return weights
     if sum(a.nbytes for a in arrays) > MAX_GROWTH * model_path.stat().st_size:
         return weights
-    writer = threading.Thread(target=_store, args=(path, key, weights, sha, dtype), name="tinydet-panel-cache")
+    # daemon=False outright: a thread inherits its creator's flag, and `tinydet serve` loads in a daemon
+    writer = threading.Thread(target=_store, args=(path, key, weights, sha, dtype), name="tinydet-panel-cache",
+                              daemon=False)
     with _writers_lock:
         if path in _writers:  # another thread of this process writes it
             return weights
