@@ -312,10 +312,11 @@ def _store(path: Path, key: dict, weights, sha: str, dtype: str) -> None:
     older sources; a disk that refuses gives a one-line warning. Runs in a thread of low priority while
     the model is used: its checksum is serial and lets go of the GIL, so the forward passes keep the
     cores and the interpreter."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)  # this thread only, on Linux
-    except (AttributeError, OSError):
-        pass
+    if sys.platform.startswith("linux"):  # Linux takes a thread's id for PRIO_PROCESS; elsewhere it names a process
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except OSError:
+            pass
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with file_lock(str(path) + ".lock"):
