@@ -73,9 +73,9 @@ def check_attention(D, window, dtype, n_heads, n_kv, nth):
     q = rng.standard_normal((len(pos), n_heads * D)).astype(np.float32)
     if dtype == "fp16":
         k, v = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
-    # the caches' layouts: keys (slot, kv_head, pos // 64, d, pos % 64), values (slot, pos, kv_dim)
+    # the caches' layouts: keys (slot, kv_head, pos // 64, d, pos % 64), values (slot, kv_head, pos, d)
     kc = np.ascontiguousarray(k.reshape(ctx // 64, 64, n_kv, D).transpose(2, 0, 3, 1))[None]
-    vc = np.ascontiguousarray(v.reshape(ctx, n_kv * D))[None]
+    vc = np.ascontiguousarray(v.transpose(1, 0, 2))[None]
     if dtype == "fp16":
         kc, vc = kc.astype(np.float16).view(np.uint16), vc.astype(np.float16).view(np.uint16)
     out = np.full(q.shape, np.nan, np.float32)

@@ -116,7 +116,7 @@ def on_first_compile(callback) -> None:
 
 
 class CPUKVCache(KVCache):
-    """Values by position, v (layer, slot, capacity, kv_dim); keys with 64 positions side by side,
+    """Values by KV head, v (layer, slot, kv_head, capacity, head_dim); keys with 64 positions side by side,
     k (layer, slot, kv_head, ceil(capacity / 64), head_dim, 64), for attention's vectorized dot
     products. fp16 models cache binary16 bits (uint16), the others float32."""
 
@@ -132,10 +132,10 @@ class CPUKVCache(KVCache):
             return
         cfg, L, S = self._cfg, self._cfg.n_layers, self.lengths.shape[0]
         k = np.zeros((L, S, cfg.n_kv_heads, -(-capacity // ATILE), cfg.head_dim, ATILE), self._st)
-        v = np.zeros((L, S, capacity, cfg.kv_dim), self._st)
+        v = np.zeros((L, S, cfg.n_kv_heads, capacity, cfg.head_dim), self._st)
         if self.k is not None:
             k[:, :, :, :self.k.shape[3]] = self.k
-            v[:, :, :self.capacity] = self.v
+            v[:, :, :, :self.capacity] = self.v
         self.k, self.v, self.capacity = k, v, capacity
 
     @property
@@ -145,10 +145,10 @@ class CPUKVCache(KVCache):
     block = ATILE  # one key tile
 
     def read_block(self, slot: int, b: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.k[:, slot, :, b].copy(), self.v[:, slot, b * ATILE:(b + 1) * ATILE].copy()
+        return self.k[:, slot, :, b].copy(), self.v[:, slot, :, b * ATILE:(b + 1) * ATILE].copy()
 
     def write_block(self, slot: int, b: int, data: tuple[np.ndarray, np.ndarray]) -> None:
-        self.k[:, slot, :, b], self.v[:, slot, b * ATILE:(b + 1) * ATILE] = data
+        self.k[:, slot, :, b], self.v[:, slot, :, b * ATILE:(b + 1) * ATILE] = data
 
 
 class CPUBackend(Backend):

@@ -19,7 +19,7 @@ import numpy as np
 from numba import njit
 
 from .simd import LANES, f32, kahan, kahan1, v32_load, v32_splat, v32_zero, v_div, v_get, v_load, v_max_range, v_mul
-from .simd import prefetch, v_splat, v_store, v_zero
+from .simd import prefetch, prefetch_row, v_splat, v_store, v_zero
 from .vmath import v_exp32_sub
 
 ATILE = 64  # cache positions per tile of the transposed key cache
@@ -35,6 +35,7 @@ def _qk_pair(q, t, qa, qb, k_cache, kb, head_dim):
     cb = v_zero()
     for d in range(head_dim):
         kv = v_load(k_cache, kb + d * ATILE)
+        prefetch_row(k_cache, kb + (head_dim + d) * ATILE)  # the next tile's
         sa, ca = kahan(v_mul(v_splat(q[t, qa + d]), kv), sa, ca)
         sb, cb = kahan(v_mul(v_splat(q[t, qb + d]), kv), sb, cb)
     return sa, sb
@@ -114,8 +115,7 @@ def _attend_heads(NH: int):
             for j in range(j0, nt):
                 mv = v_max_range(mv, v_load(scores, h * cap + j * ATILE), lo - j * ATILE, n - j * ATILE)
             exp_from_max(scores, h * cap, j0, nt, mv)
-        vrow = v_cache.shape[2]
-        pv(scores, cap, lo, n, v_cache, sl * v_cache.shape[1] * vrow + g * head_dim, vrow, head_dim, out,
+        pv(scores, cap, lo, n, v_cache, (sl * n_kv_heads + g) * v_cache.shape[2] * head_dim, head_dim, head_dim, out,
            t * out.shape[1] + h0 * head_dim)
 
     return njit(inline="always")(attend)

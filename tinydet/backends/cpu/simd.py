@@ -322,6 +322,14 @@ def prefetch(typingctx, arr, idx):
     return types.none(arr, idx), codegen
 
 
+@njit(cache=True, inline="always")
+def prefetch_row(arr, idx):
+    """`prefetch` for the cache lines of the LANES elements at arr[idx:] (one vector's load)."""
+    step = 64 // arr.itemsize
+    for j in range(0, LANES, step):
+        prefetch(arr, idx + j)
+
+
 @intrinsic
 def v_get(typingctx, v, i):
     """Lane i of v."""
