@@ -9,14 +9,14 @@ import tinydet
 from tinydet.tools.trace import diff_traces, run_trace, write_trace
 from tinydet.tools.verify import numba_targets
 
-# `verify`'s cells per dtype: 16 in its own process, plus one per other numba target this host can run and
+# `verify`'s cells per dtype: 20 in its own process, plus one per other numba target this host can run and
 # one with NumPy's AVX2/AVX-512 dispatch off. Its default dtypes: fp32, fp16 and native, and int8 for a
 # file with quantized matrices.
-VERIFY_CELLS = 3 * (16 + len(numba_targets()))
-VERIFY_CELLS_QUANTIZED = 4 * (16 + len(numba_targets()))
+VERIFY_CELLS = 3 * (20 + len(numba_targets()))
+VERIFY_CELLS_QUANTIZED = 4 * (20 + len(numba_targets()))
 
 # int8's cells without the other targets' and NumPy's runs (`check_verify_matrix`)
-VERIFY_CELLS_IN_PROCESS = 16 - 1
+VERIFY_CELLS_IN_PROCESS = 20 - 1
 
 
 def check_verify_matrix(path) -> None:

@@ -682,3 +682,28 @@ def tinydet_generate(path, prompt, n):
     import tinydet
 
     return tinydet.load(path).generate(prompt, max_tokens=n).text
+
+
+def test_speculative_server_gives_plain_bytes_and_counts(stories, stories_path):
+    import tinydet
+
+    spec = tinydet.load(stories_path, dtype="fp32", speculative="ngram")
+    prompt = ("Once upon a time, there was a little girl named Lily. She liked to play in the park. "
+              "Once upon a time, there was a little girl named")
+    settings = [dict(temperature=0.0), dict(temperature=0.8, seed=3), dict(temperature=1.0, seed=5, stop=[". "]),
+                dict(temperature=0.0, stop=["park"])]
+    wants = [solo(stories, prompt, 40, **s) for s in settings]
+    with serving(spec, max_batch=4, prefill_chunk=16) as (url, _):
+        c = client(url)
+
+        def ask(s):
+            return c.completions.create(model=NAME, prompt=prompt, max_tokens=40,
+                                        extra_body={"return_token_ids": True}, **s)
+
+        with ThreadPoolExecutor(4) as ex:
+            got = list(ex.map(ask, settings * 2))
+        for r, want in zip(got, wants * 2):
+            assert_choice(r.choices[0], want)
+            assert r.system_fingerprint == stories.fingerprint  # speculation is not in it: the same bytes
+        assert metric(url, "tinydet_speculative_accepted_tokens_total") > 0
+        assert metric(url, "tinydet_speculative_draft_tokens_total") >= metric(url, "tinydet_speculative_accepted_tokens_total")

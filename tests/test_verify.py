@@ -21,7 +21,8 @@ def test_verify_stories_passes_every_cell(stories_path):
     assert out["passed"]
     groups = {(c["dtype"], c["group"], c["variant"]) for c in out["cells"]}
     for dtype in ("fp32", "fp16", "native"):
-        for g in ("repeat", "threads", "prefill", "kv cache", "batch", "numba target", "numpy dispatch"):
+        for g in ("repeat", "threads", "prefill", "kv cache", "batch", "speculative", "numba target",
+                  "numpy dispatch"):
             assert any(k[0] == dtype and k[1] == g for k in groups), (dtype, g)
     assert len(out["cells"]) == CELLS and all(c["ok"] for c in out["cells"])
     assert {c["variant"] for c in out["cells"] if c["group"] == "numba target"} == set(numba_targets())

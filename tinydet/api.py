@@ -16,6 +16,7 @@ from . import memory
 from .backends import Backend, load_backend, open_device
 from .engine import Engine, Generation, Request, check_context, generate, generate_batch, stream
 from .engine.sequence import check_stop
+from .engine.speculate import make_drafter, speculation
 from .errors import TinydetError
 from .formats import open_checkpoint
 from .hashing import hash_ids, model_sha256
@@ -38,7 +39,7 @@ class Model:
     give the bits they give alone (tests/test_concurrency.py)."""
 
     def __init__(self, path: Path, backend: Backend, tokenizer: Tokenizer, metadata: dict,
-                 log: str | os.PathLike | None = None):
+                 log: str | os.PathLike | None = None, speculative=None):
         self.path = path
         self.backend = backend
         self.tokenizer = tokenizer
@@ -47,6 +48,17 @@ class Model:
         self.dtype = backend.dtype
         self._sha256: str | None = None
         self.log = log  # a JSON-lines file that gets one line per request, or None
+        self.speculative = speculative
+
+    @property
+    def speculative(self):
+        """The drafter decoding checks proposals from ("ngram": prompt lookup; `engine/speculate.py`),
+        or None (settable). It changes speed only: the tokens, logits and hashes are plain decoding's."""
+        return self._drafter
+
+    @speculative.setter
+    def speculative(self, spec) -> None:
+        self._drafter = make_drafter(spec)
 
     @property
     def threads(self) -> int:
@@ -117,7 +129,8 @@ class Model:
     def engine(self, max_batch: int = 8, step_tokens: int | None = None, prefix_cache_bytes: int = 0) -> Engine:
         """A step-wise engine over this model (submit / step / cancel; see `engine.scheduler`), with a
         prefix cache of up to `prefix_cache_bytes` (0: none)."""
-        return Engine(self.backend, self.tokenizer, max_batch, step_tokens, prefix_cache_bytes=prefix_cache_bytes)
+        return Engine(self.backend, self.tokenizer, max_batch, step_tokens, prefix_cache_bytes=prefix_cache_bytes,
+                      speculative=self._drafter)
 
     @property
     def fingerprint(self) -> str:
@@ -136,7 +149,7 @@ class Model:
                  stop: Sequence[str] | None = None) -> Generation:
         """Generate up to `max_tokens` tokens. Greedy when temperature is 0."""
         r = self.request(prompt, max_tokens, temperature, top_k, top_p, min_p, seed, stop)
-        g = generate(self.backend, self.tokenizer, r)
+        g = generate(self.backend, self.tokenizer, r, self._drafter)
         self._done(r, g)
         return g
 
@@ -160,6 +173,8 @@ class Model:
             "timings": {"prefill_seconds": g.prefill_seconds, "decode_seconds": g.decode_seconds,
                         "tokens_per_second": g.tokens_per_second},
         }
+        if self._drafter is not None:
+            record["speculative"] = speculation(g, self._drafter.name)
         with open(self.log, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -185,7 +200,7 @@ class Model:
             if unknown:
                 raise TinydetError(f"requests[{i}]: unknown settings {sorted(unknown)} (allowed: {sorted(self.SETTINGS)})")
             reqs.append(self.request(**r))
-        out = generate_batch(self.backend, self.tokenizer, reqs, max_batch, step_tokens)
+        out = generate_batch(self.backend, self.tokenizer, reqs, max_batch, step_tokens, self._drafter)
         for r, g in zip(reqs, out):
             self._done(r, g)
         return out
@@ -212,7 +227,7 @@ class Model:
                stop: Sequence[str] | None = None) -> Iterator[str]:
         """Yield pieces of text as they are produced (the same tokens as `generate`)."""
         r = self.request(prompt, max_tokens, temperature, top_k, top_p, min_p, seed, stop)
-        for ev in stream(self.backend, self.tokenizer, r):
+        for ev in stream(self.backend, self.tokenizer, r, self._drafter):
             if ev.text:
                 yield ev.text
             if ev.result is not None:
@@ -222,7 +237,7 @@ class Model:
 def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: int | None = None,
          progress: Callable[[int, int, str], None] | None = None, verify: bool = False,
          log: str | os.PathLike | None = None, check_memory: bool | None = None, device: str = "cpu",
-         panel_cache: bool | None = None) -> Model:
+         panel_cache: bool | None = None, speculative=None) -> Model:
     """Load a model: a GGUF file, a Hugging Face directory (config.json + safetensors), or the name of
     a known model (`tinydet models`), pulled into the cache on first use; None means the default
     model. `dtype` is "fp32", "fp16" (weights and KV cache stored as binary16, arithmetic in
@@ -239,7 +254,7 @@ def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: i
     packed in host memory, then copied), or "cuda-host" (the GPU's kernels emulated on the CPU, slowly).
     `panel_cache` keeps a GGUF file's packed weights on disk after the first load and maps them on
     later ones (`backends/cpu/panelcache.py`); False, or (when it is None) TINYDET_NO_PANEL_CACHE=1,
-    turns that off."""
+    turns that off. `speculative` ("ngram") sets `Model.speculative`."""
     from .registry import DEFAULT_MODEL
 
     from .backends.cpu import DTYPES
@@ -248,6 +263,7 @@ def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: i
     if dtype not in DTYPES:
         raise TinydetError(f"dtype: expected one of {', '.join(DTYPES)}, found {dtype!r}")
     check_threads(threads)
+    make_drafter(speculative)  # a bad name fails before the load
     dev = open_device(device)
     ck = open_checkpoint(DEFAULT_MODEL if model is None else model, progress, verify=verify)
     if check_memory is None:
@@ -258,4 +274,4 @@ def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: i
 
     source = ck.path if dev is None and ck.format == "gguf" and panelcache.enabled(panel_cache) else None
     return Model(ck.path, load_backend(dev, ck.config, ck.tensors, dtype, threads, source, progress), ck.tokenizer,
-                 ck.metadata, log)
+                 ck.metadata, log, speculative)

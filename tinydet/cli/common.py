@@ -142,6 +142,12 @@ def model_options(fn):
     return fn
 
 
+speculative_option = click.option(
+    "--speculative", type=click.Choice(["ngram"]), default=None,
+    help="Check proposed tokens in each decoding pass: ngram (prompt lookup: what followed the last few tokens "
+         "earlier in prompt + output). Faster on copy-heavy work; the same tokens, logits and hashes.")
+
+
 def sampling_options(fn):
     for opt in reversed([
         click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True),

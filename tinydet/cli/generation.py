@@ -12,7 +12,8 @@ import time
 import click
 
 from .. import __version__
-from .common import cli_errors, loader, model_options, sampling_options
+from ..engine.speculate import speculation
+from .common import cli_errors, loader, model_options, sampling_options, speculative_option
 
 
 def _stream(pieces) -> None:
@@ -29,11 +30,13 @@ def _stream(pieces) -> None:
 @click.option("--chat", "as_chat", is_flag=True, help="Send PROMPT as a user message through the chat template.")
 @click.option("--system", default=None, help="With --chat: a system message.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
+@speculative_option
 @cli_errors
 def generate(prompt, model_name, device, dtype, threads, verify, log_path, max_tokens, temperature, top_k, top_p, min_p,
-             seed, stop, as_chat, system, as_json):
+             seed, stop, as_chat, system, as_json, speculative):
     """Continue PROMPT (empty: start from BOS), streaming the text as it is produced."""
     model = loader()(model_name, dtype, threads, verify, log_path, device)
+    model.speculative = speculative
     if as_chat:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         ids = model.chat_prompt(messages)
@@ -47,6 +50,7 @@ def generate(prompt, model_name, device, dtype, threads, verify, log_path, max_t
     t0 = time.perf_counter()
     g = model.generate(ids, **kwargs)
     total = time.perf_counter() - t0
+    extra = {"speculative": speculation(g, model.speculative.name)} if model.speculative else {}
     click.echo(json.dumps({
         "text": g.text,
         "token_ids": g.token_ids,
@@ -62,6 +66,7 @@ def generate(prompt, model_name, device, dtype, threads, verify, log_path, max_t
         "decode_seconds": g.decode_seconds,
         "total_seconds": total,
         "tokens_per_second": g.tokens_per_second,
+        **extra,
     }, ensure_ascii=False))
 
 
@@ -95,13 +100,15 @@ def _ctrl_c_flag():
 @model_options
 @sampling_options
 @click.option("--system", default=None, help="A system message to start the conversation with.")
+@speculative_option
 @cli_errors
 def chat(model_name, device, dtype, threads, verify, log_path, max_tokens, temperature, top_k, top_p, min_p, seed, stop,
-         system):
+         system, speculative):
     """Talk with a model through its chat template. History is kept. Ctrl-C while a reply is being
     written stops it and returns to the prompt (the reply stays in the history as far as it got); an
     empty line, /exit or Ctrl-D at the prompt ends (Ctrl-C there too, with exit status 130)."""
     model = loader()(model_name, dtype, threads, verify, log_path, device)
+    model.speculative = speculative
     messages = [{"role": "system", "content": system}] if system else []
     kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                   min_p=min_p, seed=seed, stop=list(stop))

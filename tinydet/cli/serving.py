@@ -88,15 +88,18 @@ def replica_options(fn):
 @click.option("--ray-address", default=None, help="With --ray: the Ray cluster to join (e.g. auto, or "
               "ray://host:10001). Default: start a local one, stopped on exit.")
 @device_option
+@common.speculative_option
 @cli_errors
 def serve(model_name, host, port, dtype, threads, max_batch, max_queue, prefill_chunk, prefix_cache_mb, api_key,
           log_path, served_model_name, canary_file, canary_interval, shutdown_timeout, verify, on_ray, replicas,
-          ray_address, device):
+          ray_address, device, speculative):
     """Serve a model over OpenAI's API (/v1/completions, /v1/chat/completions, /v1/models, /health,
     /metrics). Same system_fingerprint + same request + same seed = the same bytes, under any load."""
     import logging
     from pathlib import Path
 
+    if on_ray and speculative:
+        raise TinydetError("--speculative: not yet on Ray replicas; serve without --ray")
     if on_ray and device != "cpu":
         raise TinydetError("--device: Ray replicas run on the CPU (--device cpu); serve a GPU without --ray")
     if on_ray:
@@ -123,7 +126,12 @@ def serve(model_name, host, port, dtype, threads, max_batch, max_queue, prefill_
     if served_model_name is None:
         served_model_name = name if name in known_models() else Path(name).name
     load = loader()  # now: the service calls it on a thread of its own, where there is no click context
-    service = Service(lambda: load(model_name, dtype, threads, verify, device=device), served_model_name, max_batch,
+    def load_model():
+        model = load(model_name, dtype, threads, verify, device=device)
+        model.speculative = speculative  # the same bytes, so the fingerprint does not name it
+        return model
+
+    service = Service(load_model, served_model_name, max_batch,
                       max_queue, prefill_chunk, prefix_cache_mb << 20, api_key, log_path, canary_file,
                       60 * canary_interval)
     serving.run(service, host, port, shutdown_timeout,

@@ -1,7 +1,8 @@
 """The step-wise engine and what it works with: `sequence.py` (Request, SequenceState, Event,
 Generation), `scheduler.py` (Engine: submit / step / cancel, chunked prefill under a token budget),
 `generate.py` (solo, streamed and batched generation as loops over it), `prefix.py` (keys and values
-of prompt prefixes kept for later requests)."""
+of prompt prefixes kept for later requests), `speculate.py` (drafters for speculative decoding that
+changes no bit)."""
 
 from .generate import generate, generate_batch, stream
 from .scheduler import Engine, Handle

@@ -26,6 +26,7 @@ from ..errors import TinydetError
 from ..sampling import sample
 from .prefix import PrefixCache
 from .sequence import Event, Generation, Request, SequenceState, check_request
+from .speculate import make_drafter
 
 
 class Handle:
@@ -83,12 +84,14 @@ class Handle:
 
 
 class _Running:
-    __slots__ = ("handle", "state", "slot", "fed", "cached", "t_submit", "t_admit", "t_first")
+    __slots__ = ("handle", "state", "slot", "fed", "cached", "t_submit", "t_admit", "t_first", "draft", "k")
 
-    def __init__(self, handle: Handle, state: SequenceState, slot: int, t_submit: float, cached: int):
+    def __init__(self, handle: Handle, state: SequenceState, slot: int, t_submit: float, cached: int, k=None):
         self.handle, self.state, self.slot = handle, state, slot
         self.fed = self.cached = cached  # fed: prompt tokens in the cache; cached: from the prefix cache
         self.t_submit, self.t_admit, self.t_first = t_submit, time.perf_counter(), None
+        self.draft: list[int] = []  # the tokens proposed after the last one in this step's pass
+        self.k = k  # the drafter's DraftLength, or None
 
 
 class Engine:
@@ -97,10 +100,12 @@ class Engine:
     (None: a joining prompt goes in whole). The cache grows as sequences get longer (up to the
     model's context length); `capacity` presizes it. `prefix_cache_bytes` > 0 keeps the keys and values of
     prompts (and of what was generated after them) for later requests that start the same way
-    (`prefix.PrefixCache`); the counters in `stats` say how much prefill it saved."""
+    (`prefix.PrefixCache`); the counters in `stats` say how much prefill it saved. `speculative` ("ngram"
+    or a drafter, `speculate.py`) has decoding sequences check proposed tokens in their passes, with
+    the same results."""
 
     def __init__(self, backend: Backend, tokenizer, max_batch: int = 8, step_tokens: int | None = None,
-                 capacity: int = 0, prefix_cache_bytes: int = 0):
+                 capacity: int = 0, prefix_cache_bytes: int = 0, speculative=None):
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise TinydetError(f"max_batch: expected at least 1, found {max_batch!r}")
         if step_tokens is not None and (isinstance(step_tokens, bool) or not isinstance(step_tokens, int)
@@ -117,7 +122,8 @@ class Engine:
         self._ids = itertools.count(1)
         self._step_lock = threading.Lock()
         self.prefix = PrefixCache(prefix_cache_bytes)
-        self.stats = dict(steps=0, prompt_tokens_computed=0)
+        self.drafter = make_drafter(speculative)
+        self.stats = dict(steps=0, prompt_tokens_computed=0, draft_tokens=0, draft_accepted=0)
 
     # -- any thread -------------------------------------------------------------------------------
 
@@ -234,7 +240,8 @@ class Engine:
                 cached = 0 if r.prompt_logits else self.prefix.load(self.cache, slot, r.prompt_ids,
                                                                       len(r.prompt_ids) - 1)
                 self.cache.lengths[slot] = cached
-                self._running[slot] = _Running(h, self._state(r), slot, t_submit, cached)
+                self._running[slot] = _Running(h, self._state(r), slot, t_submit, cached,
+                                               self.drafter.length() if self.drafter else None)
         if not self._running:
             return events
         # Decoding sequences take one token each; prompts share what is left of the budget, in the
@@ -245,7 +252,10 @@ class Engine:
             if s.fed == len(s.state.prompt_ids):
                 items.append((s.slot, [s.state.ids[-1]], "last"))
                 seqs.append(s)
-        budget = None if self.step_tokens is None else max(self.step_tokens - len(items), 0 if items else 1)
+        if self.drafter is not None:
+            self._propose(items, seqs, len(prefill))
+        n_decode = sum(len(toks) for _, toks, _ in items)
+        budget = None if self.step_tokens is None else max(self.step_tokens - n_decode, 0 if items else 1)
         for s in prefill:
             if budget == 0:
                 break
@@ -276,9 +286,28 @@ class Engine:
                     s.handle._done.set()
         return events
 
+    def _propose(self, items: list, seqs: list, n_prefill: int) -> None:
+        """Give each decoding item its drafter's proposals (as many as its draft length, the tokens it
+        may still make, the context and the step's budget allow), asking for every row."""
+        room = None if self.step_tokens is None else self.step_tokens - len(items) - (1 if n_prefill else 0)
+        ctx = self.backend.config.context_length
+        for i, s in enumerate(seqs):
+            st = s.state
+            k = min(s.k.k, st.max_tokens - len(st.ids) - 1, ctx - int(self.cache.lengths[s.slot]) - 1)
+            if room is not None:
+                k = min(k, room)
+            s.draft = self.drafter.propose(st.prompt_ids + st.ids, k) if k > 0 else []
+            if s.draft:
+                items[i] = (s.slot, [st.ids[-1]] + s.draft, "all")
+                if room is not None:
+                    room -= len(s.draft)
+
     def _advance(self, s: _Running, rows, events: list[Event]) -> None:
         """Take one sequence's logits rows from a pass: sample its next token, or just note a chunk."""
         if rows is None:  # a prompt chunk that does not end the prompt
+            return
+        if s.draft:
+            self._accept(s, rows, events)
             return
         done = not s.state.ids and s.fed == len(s.state.prompt_ids)  # the pass that ended the prompt
         if s.handle.request.prompt_logits and not s.state.ids:
@@ -290,6 +319,7 @@ class Engine:
             if not done:
                 return
         row = rows[-1]
+        s.state.passes += not done
         tok = sample(row, s.state.params, s.state.position)
         if s.t_first is None:
             s.t_first = time.perf_counter()
@@ -301,6 +331,34 @@ class Engine:
             if reason is not None:
                 self._finish(s, events, ev)
             else:
+                self._emit(s.handle, events, ev)
+
+    def _accept(self, s: _Running, rows, events: list[Event]) -> None:
+        """A pass over the last token and the proposals: at each row the sequence's own token, taken
+        while it equals the proposal there, then the one that differs; the cache keeps the positions
+        of the tokens taken before the last (the last goes in with the next pass, as in plain decoding)."""
+        draft, s.draft = s.draft, []
+        start = int(self.cache.lengths[s.slot]) - len(draft) - 1  # the last token's position
+        toks = []
+        for i, row in enumerate(rows):
+            toks.append(sample(row, s.state.params, s.state.position + i))
+            if i == len(draft) or toks[-1] != draft[i]:
+                break
+        s.k.update(len(draft), len(toks) - 1)
+        s.state.passes += 1
+        s.state.drafted += len(draft)
+        self.stats["draft_tokens"] += len(draft)
+        for i, tok in enumerate(toks):
+            self.cache.lengths[s.slot] = start + i + 1
+            if i:  # a proposal taken into the output (one that a stop leaves unused does not count)
+                s.state.accepted += 1
+                self.stats["draft_accepted"] += 1
+            piece, reason = s.state.push(tok, rows[i])
+            ev = Event(s.handle.id, piece, tok, rows[i] if s.handle.request.logits else None, reason)
+            with self._lock:
+                if reason is not None:
+                    self._finish(s, events, ev)
+                    return
                 self._emit(s.handle, events, ev)
 
     def _fail(self, e: BaseException) -> None:

@@ -59,6 +59,18 @@ class Generation:
     queue_seconds: float = 0.0
     settings: dict = field(default_factory=dict)
     cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
+    draft_tokens: int = 0  # tokens a speculative drafter proposed (`speculate.py`)
+    draft_accepted: int = 0  # of them, those the model chose too
+    decode_passes: int = 0  # forward passes that chose a token after the first
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.draft_accepted / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        """Tokens after the first per decoding pass (1.0 without speculation)."""
+        return (len(self.token_ids) - 1) / self.decode_passes if self.decode_passes else 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -125,6 +137,7 @@ class SequenceState:
         self.ids: list[int] = []
         self._rows = hashlib.sha256()  # hashing.hash_logits, one row at a time
         self.finish_reason: str | None = None
+        self.drafted = self.accepted = self.passes = 0  # speculation's counts (Generation's draft_*)
 
     @property
     def position(self) -> int:
@@ -171,4 +184,5 @@ class SequenceState:
             text=self.text, token_ids=list(self.ids), prompt_token_ids=list(self.prompt_ids),
             finish_reason=self.finish_reason or "length", output_hash=hash_ids(self.ids),
             logits_hash=self._rows.hexdigest(), prefill_seconds=prefill_seconds, decode_seconds=decode_seconds,
-            queue_seconds=queue_seconds)
+            queue_seconds=queue_seconds, draft_tokens=self.drafted, draft_accepted=self.accepted,
+            decode_passes=self.passes)

@@ -68,7 +68,11 @@ class _EngineCollector:
                 ("tinydet_prefix_cache_hit_tokens", "Prompt tokens taken from the prefix cache",
                  prefix.hit_tokens if prefix else 0),
                 ("tinydet_prefix_cache_evictions", "Blocks evicted from the prefix cache",
-                 prefix.evictions if prefix else 0)):
+                 prefix.evictions if prefix else 0),
+                ("tinydet_speculative_draft_tokens", "Tokens proposed by the speculative drafter (--speculative)",
+                 stats.get("draft_tokens", 0)),
+                ("tinydet_speculative_accepted_tokens", "Proposed tokens the model chose too and kept",
+                 stats.get("draft_accepted", 0))):
             yield CounterMetricFamily(name, doc, value=v)
         yield GaugeMetricFamily("tinydet_prefix_cache_bytes", "Bytes held by the prefix cache",
                                 value=prefix.nbytes if prefix else 0)

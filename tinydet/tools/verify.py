@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass
 
 
+from ..engine.speculate import NgramDrafter, RandomDrafter
 from ..hashing import hash_ids, hash_logits
 from ..sampling import SamplingParams, sample
 
@@ -121,6 +122,19 @@ def worker_hash(model, prompt_ids, n_new) -> str:
     return _digest(ids, rows)
 
 
+def run_speculative(model, prompt_ids, n_new, drafter, where: str):
+    """Greedy generation with `drafter` checking proposals, alone or among others in a batch
+    (`run_batch`'s placements): (ids, None, logits hash)."""
+    from ..engine import Request, generate_batch
+
+    others = [Request(model.prompt_ids(p), SamplingParams(temperature=0.8, seed=i), n_new + 3 * i)
+              for i, p in enumerate(OTHER_PROMPTS)]
+    target = Request(list(prompt_ids), SamplingParams(), n_new)
+    batch = {"alone": [target], "among": others[:1] + [target] + others[1:]}[where]
+    g = generate_batch(model.backend, model.tokenizer, batch, len(batch), speculative=drafter)[batch.index(target)]
+    return g.token_ids, None, g.logits_hash
+
+
 def run_matrix(load, model_name, prompt_ids, n_new: int, dtypes=("fp32", "fp16", "native"), subprocesses: bool = True,
                progress=None, reference=None) -> list[Cell]:
     """All cells for each dtype. `load(dtype, threads)` returns a Model; `reference(dtype)`, where given,
@@ -157,6 +171,15 @@ def run_matrix(load, model_name, prompt_ids, n_new: int, dtypes=("fp32", "fp16",
             n = len(tok)
             same = tok == base_ids[:n] and lh == hash_logits(base_rows[:n])
             cells.append(Cell(dtype, "batch", where, _digest(base_ids, base_rows) if same else lh))
+        # speculative decoding: prompt lookup, and proposals that are nearly all wrong
+        for name, mk in (("ngram", NgramDrafter), ("random proposals", lambda: RandomDrafter(model.config.vocab_size))):
+            for where in ("alone", "among"):
+                if progress:
+                    progress(f"{dtype} speculative {name} {where}")
+                tok, _, lh = run_speculative(model, ids, n_new, mk(), where)
+                n = len(tok)
+                same = tok == base_ids[:n] and lh == hash_logits(base_rows[:n])
+                cells.append(Cell(dtype, "speculative", f"{name}, {where}", _digest(base_ids, base_rows) if same else lh))
         if reference is not None:
             ref = reference(dtype)
             add("backend", ref.backend.name, lambda: run_cached(ref, ids, n_new))
