@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tinydet.errors import TinydetError
-from tinydet.sampling import SamplingParams, sample, uniform
+from tinydet.sampling import SamplingParams, order_desc, sample, uniform
 
 
 def test_uniform_is_keyed_and_uniform():
@@ -30,6 +30,20 @@ def test_top_k_1_is_greedy_and_ties_sort_stably():
     logits = np.array([0.5, 2.0, 2.0, -1.0], np.float32)
     for pos in range(50):
         assert sample(logits, SamplingParams(temperature=1.0, top_k=1, seed=pos), pos) == 1
+
+
+def test_candidate_order_is_numpys_stable_argsort():
+    """The radix sort behind sampling orders candidates exactly as np.argsort(-row, kind="stable"):
+    ties (many, and 0.0 against -0.0) by id, infinities, vocabularies of every size."""
+    rng = np.random.default_rng(0)
+    rows = [np.array([], np.float32), np.array([1.5], np.float32), np.array([0.0, -0.0, 1.0, -0.0, 0.0, -1.0], np.float32),
+            np.array([np.inf, -np.inf, 3.0, np.inf, -np.inf, -0.0, 1e-45, -1e-45], np.float32)]
+    for n in (2, 7, 2049, 49152, 262144):
+        rows.append((rng.standard_normal(n) * 5).astype(np.float32))
+        rows.append(rng.integers(-3, 3, n).astype(np.float32) * np.float32(0.5))  # ties everywhere
+        rows.append(np.where(rng.random(n) < 0.5, np.float32(-0.0), np.float32(0.0)))
+    for row in rows:
+        assert np.array_equal(order_desc(row), np.argsort(-row, kind="stable")), row[:8]
 
 
 def test_distribution_follows_softmax():
