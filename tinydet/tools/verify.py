@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass
 
 
+from ..engine import Request, generate_batch
 from ..engine.speculate import NgramDrafter, RandomDrafter
 from ..hashing import hash_ids, hash_logits
 from ..sampling import SamplingParams, sample
@@ -125,8 +126,6 @@ def worker_hash(model, prompt_ids, n_new) -> str:
 def run_speculative(model, prompt_ids, n_new, drafter, where: str):
     """Greedy generation with `drafter` checking proposals, alone or among others in a batch
     (`run_batch`'s placements): (ids, None, logits hash)."""
-    from ..engine import Request, generate_batch
-
     others = [Request(model.prompt_ids(p), SamplingParams(temperature=0.8, seed=i), n_new + 3 * i)
               for i, p in enumerate(OTHER_PROMPTS)]
     target = Request(list(prompt_ids), SamplingParams(), n_new)
