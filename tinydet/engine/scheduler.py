@@ -319,19 +319,23 @@ class Engine:
             if not done:
                 return
         row = rows[-1]
-        s.state.passes += not done
         tok = sample(row, s.state.params, s.state.position)
         if s.t_first is None:
             s.t_first = time.perf_counter()
         if done:
             self.prefix.store(self.cache, s.slot, s.state.prompt_ids, len(s.state.prompt_ids))
+        self._take(s, tok, row, events)
+
+    def _take(self, s: _Running, tok: int, row, events: list[Event]) -> bool:
+        """Push the sequence's token chosen from `row` and deliver its event; True if it finished."""
         piece, reason = s.state.push(tok, row)
         ev = Event(s.handle.id, piece, tok, row if s.handle.request.logits else None, reason)
         with self._lock:
             if reason is not None:
                 self._finish(s, events, ev)
-            else:
-                self._emit(s.handle, events, ev)
+                return True
+            self._emit(s.handle, events, ev)
+        return False
 
     def _accept(self, s: _Running, rows, events: list[Event]) -> None:
         """A pass over the last token and the proposals: at each row the sequence's own token, taken
@@ -345,7 +349,6 @@ class Engine:
             if i == len(draft) or toks[-1] != draft[i]:
                 break
         s.k.update(len(draft), len(toks) - 1)
-        s.state.passes += 1
         s.state.drafted += len(draft)
         self.stats["draft_tokens"] += len(draft)
         for i, tok in enumerate(toks):
@@ -353,13 +356,8 @@ class Engine:
             if i:  # a proposal taken into the output (one that a stop leaves unused does not count)
                 s.state.accepted += 1
                 self.stats["draft_accepted"] += 1
-            piece, reason = s.state.push(tok, rows[i])
-            ev = Event(s.handle.id, piece, tok, rows[i] if s.handle.request.logits else None, reason)
-            with self._lock:
-                if reason is not None:
-                    self._finish(s, events, ev)
-                    return
-                self._emit(s.handle, events, ev)
+            if self._take(s, tok, rows[i], events):
+                return
 
     def _fail(self, e: BaseException) -> None:
         """The pass raised: every live request ends with the error (their handles re-raise it)."""

@@ -60,8 +60,13 @@ class Generation:
     settings: dict = field(default_factory=dict)
     cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
     draft_tokens: int = 0  # tokens a speculative drafter proposed (`speculate.py`)
-    draft_accepted: int = 0  # of them, those the model chose too
-    decode_passes: int = 0  # forward passes that chose a token after the first
+    draft_accepted: int = 0  # of them, those the model chose too and kept
+
+    @property
+    def decode_passes(self) -> int:
+        """Forward passes that chose tokens after the first: each takes one token of its own, plus the
+        proposals it accepted."""
+        return max(len(self.token_ids) - 1 - self.draft_accepted, 0)
 
     @property
     def acceptance_rate(self) -> float:
@@ -137,7 +142,7 @@ class SequenceState:
         self.ids: list[int] = []
         self._rows = hashlib.sha256()  # hashing.hash_logits, one row at a time
         self.finish_reason: str | None = None
-        self.drafted = self.accepted = self.passes = 0  # speculation's counts (Generation's draft_*)
+        self.drafted = self.accepted = 0  # speculation's counts (Generation's draft_*)
 
     @property
     def position(self) -> int:
@@ -184,5 +189,4 @@ class SequenceState:
             text=self.text, token_ids=list(self.ids), prompt_token_ids=list(self.prompt_ids),
             finish_reason=self.finish_reason or "length", output_hash=hash_ids(self.ids),
             logits_hash=self._rows.hexdigest(), prefill_seconds=prefill_seconds, decode_seconds=decode_seconds,
-            queue_seconds=queue_seconds, draft_tokens=self.drafted, draft_accepted=self.accepted,
-            decode_passes=self.passes)
+            queue_seconds=queue_seconds, draft_tokens=self.drafted, draft_accepted=self.accepted)

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 
 
-from ..engine import Request, generate_batch
+from ..engine import generate_batch
 from ..engine.speculate import NgramDrafter, RandomDrafter
 from ..hashing import hash_ids, hash_logits
 from ..sampling import SamplingParams, sample
@@ -69,12 +69,14 @@ def run_recompute(model, prompt_ids, n_new):
     return ids, rows
 
 
-def run_batch(model, prompt_ids, n_new, where: str):
-    others = [dict(prompt=p, max_tokens=n_new + 3 * i, temperature=0.8, seed=i) for i, p in enumerate(OTHER_PROMPTS)]
-    target = dict(prompt=list(prompt_ids), max_tokens=n_new)
+def run_batch(model, prompt_ids, n_new, where: str, speculative=None):
+    """Greedy generation alone or placed among other requests in one batch, `speculative` (a drafter)
+    checking proposals or not: (ids, None, logits hash)."""
+    others = [model.request(p, max_tokens=n_new + 3 * i, temperature=0.8, seed=i) for i, p in enumerate(OTHER_PROMPTS)]
+    target = model.request(list(prompt_ids), max_tokens=n_new)
     batch = {"alone": [target], "first": [target] + others, "last": others + [target],
              "among": others[:1] + [target] + others[1:]}[where]
-    g = model.generate_batch(batch, max_batch=len(batch))[batch.index(target)]
+    g = generate_batch(model.backend, model.tokenizer, batch, len(batch), speculative=speculative)[batch.index(target)]
     # generate_batch may stop early at EOS; the cached run then must too.
     return g.token_ids, None, g.logits_hash
 
@@ -123,17 +125,6 @@ def worker_hash(model, prompt_ids, n_new) -> str:
     return _digest(ids, rows)
 
 
-def run_speculative(model, prompt_ids, n_new, drafter, where: str):
-    """Greedy generation with `drafter` checking proposals, alone or among others in a batch
-    (`run_batch`'s placements): (ids, None, logits hash)."""
-    others = [Request(model.prompt_ids(p), SamplingParams(temperature=0.8, seed=i), n_new + 3 * i)
-              for i, p in enumerate(OTHER_PROMPTS)]
-    target = Request(list(prompt_ids), SamplingParams(), n_new)
-    batch = {"alone": [target], "among": others[:1] + [target] + others[1:]}[where]
-    g = generate_batch(model.backend, model.tokenizer, batch, len(batch), speculative=drafter)[batch.index(target)]
-    return g.token_ids, None, g.logits_hash
-
-
 def run_matrix(load, model_name, prompt_ids, n_new: int, dtypes=("fp32", "fp16", "native"), subprocesses: bool = True,
                progress=None, reference=None) -> list[Cell]:
     """All cells for each dtype. `load(dtype, threads)` returns a Model; `reference(dtype)`, where given,
@@ -175,7 +166,7 @@ def run_matrix(load, model_name, prompt_ids, n_new: int, dtypes=("fp32", "fp16",
             for where in ("alone", "among"):
                 if progress:
                     progress(f"{dtype} speculative {name} {where}")
-                tok, _, lh = run_speculative(model, ids, n_new, mk(), where)
+                tok, _, lh = run_batch(model, ids, n_new, where, mk())
                 n = len(tok)
                 same = tok == base_ids[:n] and lh == hash_logits(base_rows[:n])
                 cells.append(Cell(dtype, "speculative", f"{name}, {where}", _digest(base_ids, base_rows) if same else lh))
