@@ -20,6 +20,7 @@ from tinydet.backends.cpu import actq, intpanels, layout
 from tinydet.backends.cpu.matmul import matmul
 from tinydet.formats.dequant import dequantize
 from tinydet.formats.ggml import GGML_TYPE_IDS
+from tinydet.tools.verify import AVX2_FEATURES
 
 TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0"]
 K_TYPES = ["Q4_K", "Q5_K", "Q6_K"]
@@ -153,51 +154,80 @@ def test_product_equals_reference(name, shape, restore_threads):
     assert_same_bits(int_product(x[5:6], raw, name, n, k), want[5:6], "a row alone")
 
 
-@pytest.mark.parametrize("name", TYPES)
-def test_worst_case_magnitudes(name):
-    """Every quant at its extreme against activations at +-127: no overflow, no saturation."""
-    n, k = 64, 256
-    bs = intref.BLOCK_BYTES[name]
-    raw = np.zeros((n, k // 32, bs), np.uint8)
-    raw[:, :, 0:2] = np.frombuffer(np.float16(1.0).tobytes(), np.uint8)
-    if name == "Q8_0":
-        raw[: n // 2, :, 2:] = 0x80  # -128
-        raw[n // 2:, :, 2:] = 0x7F
+ONE = np.frombuffer(np.float16(1.0).tobytes(), np.uint8)
+
+
+def worst_case(name, n=64, k=256):
+    """(raw, x): every quant at its extreme (the first half of the rows at the largest unsigned
+    quants: nibbles 15, 5-bit 31, Q6_K's 63; Q8_0's -128 and 127; the K-quants' 6-bit scales and mins
+    at 63, Q6_K's int8 scales at -128 and 127) against activations at +-127 in four sign patterns:
+    the sums the integer kernels keep (32-bit lanes, AVX2's 16-bit pair sums) at their largest."""
+    if name in K_TYPES:
+        raw = np.zeros((n, k // 256, intref.K_BLOCK_BYTES[name]), np.uint8)
+        if name == "Q6_K":  # ql[128], qh[64], scales[16], d
+            raw[: n // 2, :, :192] = 0xFF
+            raw[:, :, 192:208] = np.where(np.arange(n) % 4 < 2, 0x80, 0x7F)[:, None, None]
+            raw[:, :, 208:210] = ONE
+        else:  # d, dmin, scales[12], (Q5_K: qh[32]), qs
+            raw[:, :, 0:4] = np.tile(ONE, 2)
+            raw[:, :, 4:16] = 0xFF
+            raw[: n // 2, :, 16:] = 0xFF
     else:
-        raw[: n // 2, :, 2:] = 0xFF  # nibbles 15 (Q5_0: 31 with the high bits)
-        raw[n // 2:, :, 2:] = 0x00  # 0 (Q5_0: 0)
-        if name == "Q4_1":
-            raw[:, :, 2:4] = np.frombuffer(np.float16(-2.0).tobytes(), np.uint8)
-    raw = raw.reshape(n, -1)
+        raw = np.zeros((n, k // 32, intref.BLOCK_BYTES[name]), np.uint8)
+        raw[:, :, 0:2] = ONE
+        if name == "Q8_0":
+            raw[: n // 2, :, 2:] = 0x80  # -128
+            raw[n // 2:, :, 2:] = 0x7F
+        else:
+            raw[: n // 2, :, 2:] = 0xFF  # nibbles 15 (Q5_0: 31 with the high bits)
+            if name == "Q4_1":
+                raw[:, :, 2:4] = np.frombuffer(np.float16(-2.0).tobytes(), np.uint8)
     x = np.ones((4, k), f32)
     x[1] = -1
     x[2, ::2] = -1
     x[3] = np.where(np.arange(k) % 3 == 0, f32(1), f32(-1))
-    want = intref.product(x, raw, name, n, k)
+    return raw.reshape(n, -1), x
+
+
+def reference(name):
+    return intref.k_product if name in K_TYPES else intref.product
+
+
+@pytest.mark.parametrize("name", TYPES + K_TYPES)
+def test_worst_case_magnitudes(name):
+    """Every quant at its extreme against activations at +-127: no overflow, no saturation."""
+    n, k = 64, 256
+    raw, x = worst_case(name, n, k)
+    want = reference(name)(x, raw, name, n, k)
     assert_same_bits(int_product(x, raw, name, n, k), want, name)
     assert np.isfinite(want).all() and np.abs(want).max() > 0
 
 
 def test_generic_and_avx2_builds_give_the_same_bits(tmp_path):
-    """Compiled for a generic x86-64 (plain vector integer IR) and for Haswell (AVX2's vpmaddubsw and
-    vpmaddwd), the bits of the reference, as the host build's (AVX-512 VNNI here) are: every type but
-    Q4_1 and Q8_0, which SmolLM2's int8 golden cases run under both builds (`test_golden.py`), each
-    type being a compile of its own."""
+    """Compiled for a generic x86-64 (plain vector integer IR) and for Haswell (AVX2's vpmaddubsw, its
+    16-bit pair sums folded by vpmaddwd), the bits of the reference, as the host build's (AVX-512 VNNI
+    here) are, on random blocks and at the worst case magnitudes: every type but Q4_1 and Q8_0, which
+    SmolLM2's int8 golden cases run under both builds (`test_golden.py`), each type being a compile of
+    its own."""
     cases = [(name, 100, 192) for name in TYPES if name not in ("Q4_1", "Q8_0")] + [(name, 70, 512) for name in K_TYPES]
     script = tmp_path / "gen.py"
     script.write_text(
         "import sys, numpy as np\n"
         "sys.path.insert(0, sys.argv[1])\n"
-        "from test_intdot import int_product, tricky_rows\n"
+        "from test_intdot import int_product, tricky_rows, worst_case\n"
         "from test_native import random_blocks\n"
         f"for name, n, k in {cases!r}:\n"
         "    raw = random_blocks(name, n, k, 9)\n"
         "    x = tricky_rows(np.random.default_rng(0), 7, k)\n"
         "    np.save(sys.argv[2] + name + '.npy', np.concatenate([int_product(x[:1], raw, name, n, k), "
-        "int_product(x, raw, name, n, k)]))\n")
+        "int_product(x, raw, name, n, k)]))\n"
+        "    raw, x = worst_case(name)\n"
+        "    np.save(sys.argv[2] + name + '-worst.npy', int_product(x, raw, name, 64, 256))\n")
     for cpu in ("generic", "haswell"):
         env = dict(os.environ, NUMBA_CPU_NAME=cpu, NUMBA_CACHE_DIR=numba.config.CACHE_DIR)
         env.pop("NUMBA_CPU_FEATURES", None)
+        if cpu == "haswell":  # else numba keeps the host's features (AVX-512 here) under Haswell's name
+            env["NUMBA_CPU_FEATURES"] = AVX2_FEATURES
         dest = tmp_path / f"{cpu}-"
         r = subprocess.run([sys.executable, str(script), str(Path(__file__).parent), str(dest)], env=env,
                            capture_output=True, text=True, timeout=1500)
@@ -205,7 +235,10 @@ def test_generic_and_avx2_builds_give_the_same_bits(tmp_path):
         for name, n, k in cases:
             raw = random_blocks(name, n, k, 9)
             x = tricky_rows(np.random.default_rng(0), 7, k)
-            want = (intref.k_product if name in K_TYPES else intref.product)(x, raw, name, n, k)
+            want = reference(name)(x, raw, name, n, k)
             got = np.load(f"{dest}{name}.npy")
             assert_same_bits(got[:1], want[:1], f"{cpu} {name}")
             assert_same_bits(got[1:], want, f"{cpu} {name}")
+            raw, x = worst_case(name)
+            assert_same_bits(np.load(f"{dest}{name}-worst.npy"), reference(name)(x, raw, name, 64, 256),
+                             f"{cpu} {name} worst case")
