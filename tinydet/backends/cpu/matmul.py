@@ -10,8 +10,8 @@ The integer mode's storage (`intdot.py`) computes its own rule instead: each row
 quantized to 8-bit blocks (`actq.py`, a run of rows per thread), then the same split of outputs runs
 the integer block dots.
 
-Work split (never a sum): one token (decode), or a few on fp16 panels (a batch of decoding sequences,
-`loaders.few_rows`), gives each of the nth threads an equal run of 32-output units; more tokens give
+Work split (never a sum): one token (decode), or a few on fp16 or quantized panels (a batch of
+decoding sequences, a speculative check: `loaders.few_rows`), gives each of the nth threads an equal run of 32-output units; more tokens give
 jobs of (a group of 64 outputs, a chunk of token tiles), each thread an equal run of them, and the
 groups left over from an even share split by rows, a part for each thread. After its outputs, a job
 applies the epilogue to them, in the same parallel region:

@@ -35,14 +35,16 @@ Q5_K 0.86x, Q6_K 0.92x. The tests compare the AVX-512 build with a NUMBA_CPU_NAM
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
 from .layout import QBLOCK
-from .simd import (HALF, KBLOCK, LANES, _F32V32, _c_array, _ptr, _splat, at, broadcast, kahan, target_has, target_isa,
-                   v32_load, v32_splat, v32_zero, v_add, v_mul, v_neg, v_store, widen)
+from .simd import (HALF, KBLOCK, LANES, _F32V32, _c_array, _ptr, _splat, at, broadcast, kahan, rows_zero, target_has,
+                   target_isa, v32_load, v32_splat, v32_zero, v_add, v_mul, v_neg, v_rows_acc, v_store, widen)
 
 # ---------------------------------------------------------------------------------------------------
 # Quantized weights as 32-lane float vectors.
@@ -405,6 +407,8 @@ def _acc(a, w, x, xi, wbuf, wi):
             v_store(wbuf, wi, w)
             return a
         return store
+    if a.lanes > HALF:  # a few rows (`q_rows`): row i's element at xi + i * K
+        return lambda a, w, x, xi, wbuf, wi: v_rows_acc(a, w, x, xi, x.shape[1])
     return lambda a, w, x, xi, wbuf, wi: v_add(a, v_mul(w, v32_splat(at(x, xi))))
 
 
@@ -511,6 +515,29 @@ def q_unit(x, w, p):
             a0 = q_block(w, p, b, x, 0, a0, x, 0)
         s0, c0 = kahan(a0, s0, c0)
     return s0
+
+
+@lru_cache(maxsize=None)
+def q_rows(R: int):
+    """f(x, w, p, t0): tokens t0 .. t0 + R - 1 times quantized panel p, as one vector of 32R lanes (row
+    i's 32 outputs in lanes 32i .., `simd.v_part`): each weight dequantized once for the R rows, and
+    each row's outputs by `q_unit`'s operations in its order (a few rows, as speculative decoding's
+    checks and small batches give)."""
+    zero = rows_zero(R)
+
+    def f(x, w, p, t0):
+        K = x.shape[1]
+        r0 = t0 * K
+        s = zero()
+        c = zero()
+        for k0 in range(0, K, KBLOCK):
+            a = zero()
+            for b in range(k0 // QBLOCK, min(K, k0 + KBLOCK) // QBLOCK):
+                a = q_block(w, p, b, x, r0, a, x, 0)
+            s, c = kahan(a, s, c)
+        return s
+
+    return njit(inline="always")(f)
 
 
 @njit(cache=True, inline="always")

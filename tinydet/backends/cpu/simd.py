@@ -16,6 +16,8 @@ The loads and stores read raw pointers without bounds checks: callers pass C-con
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
@@ -340,6 +342,58 @@ def v_get(typingctx, v, i):
         return builder.extract_element(args[0], context.cast(builder, args[1], sig.args[1], types.int32))
 
     return types.float32(v, i), codegen
+
+
+@intrinsic
+def v_rows_acc(typingctx, a, w, x, xi, K):
+    """a + (w, w, ...) * (x[xi] x 32, x[xi + K] x 32, ...): a of 32R lanes holds R rows' 32-lane sums
+    (row i in lanes 32i ..), w the 32 weights they share, x[xi + i K] row i's element; each lane's one
+    multiply and one add as `v_add(a, v_mul(w, v32_splat(...)))` does them (no FMA)."""
+    if not (isinstance(a, _F32VType) and isinstance(w, _F32VType) and w.lanes == HALF and a.lanes // HALF in (2, 4, 8)
+            and a.lanes % HALF == 0
+            and _c_array(x, types.float32) and isinstance(xi, types.Integer) and isinstance(K, types.Integer)):
+        return None
+    R = a.lanes // HALF
+
+    def codegen(context, builder, sig, args):
+        acc, wv, arr, i0, k = args
+        idx = context.cast(builder, i0, sig.args[3], types.intp)
+        step = context.cast(builder, k, sig.args[4], types.intp)
+        parts = []
+        for i in range(R):  # each row's element broadcast on its own (one vbroadcastss from memory)
+            at_i = builder.add(idx, builder.mul(step, ir.Constant(idx.type, i)))
+            xe = builder.load(_ptr(context, builder, sig.args[2], arr, at_i, types.intp, _F), align=4)
+            parts.append(builder.fadd(_part_of(builder, acc, i), builder.fmul(wv, broadcast(builder, wv.type, xe))))
+        while len(parts) > 1:  # the rows' sums side by side again
+            parts = [_concat(builder, parts[j], parts[j + 1]) for j in range(0, len(parts), 2)]
+        return parts[0]
+
+    return a(a, w, x, xi, K), codegen
+
+
+def _part_of(builder, v, i):
+    """Lanes 32i .. 32i + 31 of the LLVM vector v."""
+    return builder.shuffle_vector(v, ir.Constant(v.type, ir.Undefined),
+                                  ir.Constant(ir.VectorType(_I32, HALF), list(range(i * HALF, i * HALF + HALF))))
+
+
+def _concat(builder, a, b):
+    n = a.type.count
+    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, 2 * n), list(range(2 * n))))
+
+
+@intrinsic
+def v_part(typingctx, v, i):
+    """Lanes 32i .. 32i + 31 of v (i a constant)."""
+    if not (isinstance(v, _F32VType) and isinstance(i, types.IntegerLiteral) and v.lanes >= HALF * (i.literal_value + 1)):
+        return None
+    return _F32V32(v, i), lambda context, builder, sig, args: _part_of(builder, args[0], sig.args[1].literal_value)
+
+
+@lru_cache(maxsize=None)
+def rows_zero(R: int):
+    """v_zero for R rows of 32 lanes (`v_rows_acc`)."""
+    return _vec_ops(_F32VType(R * HALF))[0]
 
 
 @intrinsic
