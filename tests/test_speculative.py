@@ -12,7 +12,7 @@ import pytest
 
 import tinydet
 from tinydet.engine import Engine, generate, generate_batch, stream
-from tinydet.engine.speculate import DraftLength, NgramDrafter, RandomDrafter, make_drafter
+from tinydet.engine.speculate import DraftLength, ModelDrafter, NgramDrafter, RandomDrafter, make_drafter, same_tokenizer
 from tinydet.errors import TinydetError
 
 STORY = ("Once upon a time, there was a little girl named Lily. She liked to play in the park with her ball. "
@@ -176,17 +176,72 @@ def test_cli_generate_json(stories_path):
 
     prompt = PROMPTS[0]
     out = {}
-    for extra in ([], ["--speculative", "ngram"]):
+    for drafter in (None, "ngram", "fp16"):
+        extra = ["--speculative", drafter] if drafter else []
         r = CliRunner().invoke(main, ["generate", "--model", str(stories_path), "--max-tokens", "40", "--json",
                                       *extra, prompt])
         assert r.exit_code == 0, r.output
-        out[bool(extra)] = json.loads(r.output)
-    plain, spec = out[False], out[True]
-    assert (spec["token_ids"], spec["output_hash"], spec["logits_hash"]) == (
-        plain["token_ids"], plain["output_hash"], plain["logits_hash"])
-    s = spec["speculative"]
-    assert s["drafter"] == "ngram" and 0 < s["draft_accepted"] <= s["draft_tokens"]
-    assert s["decode_passes"] + s["draft_accepted"] == len(spec["token_ids"]) - 1 and s["tokens_per_pass"] > 1
+        out[drafter] = json.loads(r.output)
+    plain = out[None]
     assert "speculative" not in plain
+    for drafter, name in (("ngram", "ngram"), ("fp16", "model:stories260K.gguf:fp16")):
+        spec = out[drafter]
+        assert (spec["token_ids"], spec["output_hash"], spec["logits_hash"]) == (
+            plain["token_ids"], plain["output_hash"], plain["logits_hash"])
+        s = spec["speculative"]
+        assert s["drafter"] == name and 0 < s["draft_accepted"] <= s["draft_tokens"]
+        assert s["decode_passes"] + s["draft_accepted"] == len(spec["token_ids"]) - 1 and s["tokens_per_pass"] > 1
     r = CliRunner().invoke(main, ["generate", "--model", str(stories_path), "--speculative", "medusa", "x"])
     assert r.exit_code != 0 and "medusa" in r.output
+
+
+def sibling_of(path, out, scale=0.05, seed=0):
+    """A copy of a GGUF model with every float32 tensor perturbed (w * (1 + scale * noise)): another
+    model of the same shape and tokenizer, a draft model that agrees with it often, not always."""
+    import ggufgen
+
+    rng = np.random.default_rng(seed)
+
+    def edit(tensors):
+        got = []
+        for name, shape, ggml_type, data in tensors:
+            if ggml_type == 0 and len(shape) > 1:  # F32 matrices
+                w = np.frombuffer(data, np.float32)
+                data = (w * (1 + np.float32(scale) * rng.standard_normal(w.size).astype(np.float32))).astype(np.float32).tobytes()
+            got.append((name, shape, ggml_type, data))
+        return got
+
+    out.write_bytes(ggufgen.rewrite(path, tensor_edits=edit))
+    return out
+
+
+@pytest.fixture(scope="module")
+def sibling(stories_path, tmp_path_factory):
+    return tinydet.load(sibling_of(stories_path, tmp_path_factory.mktemp("draft") / "sibling.gguf"))
+
+
+def test_draft_models_give_plain_bytes(stories, stories_models, sibling):
+    """A draft model (the same file at fp16, another model sharing the tokenizer) alone and batched,
+    greedy, sampled and with stop strings: plain decoding's bytes, some proposals taken, some not."""
+    reqs = [stories.request(p, **s) for p in PROMPTS for s in SETTINGS]
+    plain = [generate(stories.backend, stories.tokenizer, r) for r in reqs]
+    for draft in (stories_models["fp16"], sibling):
+        d = ModelDrafter(draft)
+        got = [generate(stories.backend, stories.tokenizer, r, d) for r in reqs]
+        assert all(same(g, w) for g, w in zip(got, plain)), draft.path
+        taken, proposed = sum(g.draft_accepted for g in got), sum(g.draft_tokens for g in got)
+        assert 0 < taken < proposed, (draft.path, taken, proposed)
+        batched = generate_batch(stories.backend, stories.tokenizer, reqs, max_batch=4, step_tokens=7,
+                                 speculative=ModelDrafter(draft, slots=2))
+        assert all(same(g, w) for g, w in zip(batched, plain)), draft.path
+
+
+def test_draft_model_setting_and_its_tokenizer_checked(stories_path, sibling, smollm_models):
+    model = tinydet.load(stories_path, speculative="fp16")  # the same file at fp16 drafting
+    assert model.speculative.name == "model:stories260K.gguf:fp16"
+    model.speculative = sibling
+    assert model.speculative.name == "model:sibling.gguf:fp32"
+    with pytest.raises(TinydetError, match="tokenizer.*vocabulary sizes differ"):
+        model.speculative = smollm_models("native")
+    assert same_tokenizer(model.tokenizer, sibling.tokenizer) is None
+    assert "differ" in same_tokenizer(model.tokenizer, smollm_models("native").tokenizer)

@@ -16,7 +16,7 @@ from . import memory
 from .backends import Backend, load_backend, open_device
 from .engine import Engine, Generation, Request, check_context, generate, generate_batch, stream
 from .engine.sequence import check_stop
-from .engine.speculate import make_drafter, speculation
+from .engine.speculate import make_drafter, same_tokenizer, speculation
 from .errors import TinydetError
 from .formats import open_checkpoint
 from .hashing import hash_ids, model_sha256
@@ -52,12 +52,26 @@ class Model:
 
     @property
     def speculative(self):
-        """The drafter decoding checks proposals from ("ngram": prompt lookup; `engine/speculate.py`),
-        or None (settable). It changes speed only: the tokens, logits and hashes are plain decoding's."""
+        """The drafter decoding checks proposals from, or None (settable: "ngram", prompt lookup; a dtype,
+        this file in that mode drafting, e.g. "int8" for native; a draft model's file, name or loaded
+        Model, its tokenizer checked to be this one's; or a drafter object: `engine/speculate.py`). It
+        changes speed only: the tokens, logits and hashes are plain decoding's."""
         return self._drafter
 
     @speculative.setter
     def speculative(self, spec) -> None:
+        if isinstance(spec, (str, os.PathLike)) and str(spec) not in ("", "ngram"):
+            # a dtype: this file in that mode drafting; else a draft model's file or name
+            try:
+                spec = load(self.path if str(spec) in _dtypes() else spec,
+                            dtype=str(spec) if str(spec) in _dtypes() else self.dtype, threads=self.threads)
+            except TinydetError as e:
+                raise TinydetError(f"speculative: {e}") from None
+        if isinstance(spec, Model):
+            why = same_tokenizer(self.tokenizer, spec.tokenizer)
+            if why:
+                raise TinydetError(f"speculative: the draft model {spec.path.name}'s tokenizer is not "
+                                   f"{self.path.name}'s: {why}")
         self._drafter = make_drafter(spec)
 
     @property
@@ -234,6 +248,25 @@ class Model:
                 self._done(r, ev.result)
 
 
+def _dtypes() -> tuple[str, ...]:
+    from .backends.cpu import DTYPES
+
+    return tuple(DTYPES)
+
+
+def check_speculative(spec) -> None:
+    """Refuse a `speculative` that names nothing: a string must be "ngram", a dtype, or a draft model's
+    existing file or known name."""
+    if isinstance(spec, (str, os.PathLike)) and str(spec) not in ("", "ngram", *_dtypes()):
+        from .registry import known_models
+
+        if not Path(spec).exists() and str(spec).lower() not in known_models():
+            raise TinydetError(f"speculative: expected ngram, a dtype ({', '.join(_dtypes())}: this file in that "
+                               f"mode drafting) or a draft model's file or known name, found {str(spec)!r}")
+    elif not isinstance(spec, (str, os.PathLike)):
+        make_drafter(spec)
+
+
 def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: int | None = None,
          progress: Callable[[int, int, str], None] | None = None, verify: bool = False,
          log: str | os.PathLike | None = None, check_memory: bool | None = None, device: str = "cpu",
@@ -254,7 +287,7 @@ def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: i
     packed in host memory, then copied), or "cuda-host" (the GPU's kernels emulated on the CPU, slowly).
     `panel_cache` keeps a GGUF file's packed weights on disk after the first load and maps them on
     later ones (`backends/cpu/panelcache.py`); False, or (when it is None) TINYDET_NO_PANEL_CACHE=1,
-    turns that off. `speculative` ("ngram") sets `Model.speculative`."""
+    turns that off. `speculative` ("ngram", a dtype, a draft model) sets `Model.speculative`."""
     from .registry import DEFAULT_MODEL
 
     from .backends.cpu import DTYPES
@@ -263,7 +296,7 @@ def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: i
     if dtype not in DTYPES:
         raise TinydetError(f"dtype: expected one of {', '.join(DTYPES)}, found {dtype!r}")
     check_threads(threads)
-    make_drafter(speculative)  # a bad name fails before the load
+    check_speculative(speculative)  # a bad name fails before the load
     dev = open_device(device)
     ck = open_checkpoint(DEFAULT_MODEL if model is None else model, progress, verify=verify)
     if check_memory is None:

@@ -143,9 +143,11 @@ def model_options(fn):
 
 
 speculative_option = click.option(
-    "--speculative", type=click.Choice(["ngram"]), default=None,
+    "--speculative", default=None, metavar="ngram|DTYPE|MODEL",
     help="Check proposed tokens in each decoding pass: ngram (prompt lookup: what followed the last few tokens "
-         "earlier in prompt + output). Faster on copy-heavy work; the same tokens, logits and hashes.")
+         "earlier in prompt + output), a dtype (this file in that mode drafting, e.g. int8 for native), or a "
+         "draft model with the same tokenizer (a file or known name, at --dtype). The same tokens, logits and "
+         "hashes; faster where the proposals are taken.")
 
 
 def sampling_options(fn):

@@ -12,6 +12,7 @@ import time
 import click
 
 from .. import __version__
+from ..api import check_speculative
 from ..engine.speculate import speculation
 from .common import cli_errors, loader, model_options, sampling_options, speculative_option
 
@@ -35,6 +36,7 @@ def _stream(pieces) -> None:
 def generate(prompt, model_name, device, dtype, threads, verify, log_path, max_tokens, temperature, top_k, top_p, min_p,
              seed, stop, as_chat, system, as_json, speculative):
     """Continue PROMPT (empty: start from BOS), streaming the text as it is produced."""
+    check_speculative(speculative)  # before the load
     model = loader()(model_name, dtype, threads, verify, log_path, device)
     model.speculative = speculative
     if as_chat:
@@ -107,6 +109,7 @@ def chat(model_name, device, dtype, threads, verify, log_path, max_tokens, tempe
     """Talk with a model through its chat template. History is kept. Ctrl-C while a reply is being
     written stops it and returns to the prompt (the reply stays in the history as far as it got); an
     empty line, /exit or Ctrl-D at the prompt ends (Ctrl-C there too, with exit status 130)."""
+    check_speculative(speculative)  # before the load
     model = loader()(model_name, dtype, threads, verify, log_path, device)
     model.speculative = speculative
     messages = [{"role": "system", "content": system}] if system else []

@@ -112,6 +112,9 @@ def serve(model_name, host, port, dtype, threads, max_batch, max_queue, prefill_
         return
     if replicas is not None or ray_address is not None:
         raise TinydetError("--replicas and --ray-address go with --ray")
+    from ..api import check_speculative
+
+    check_speculative(speculative)  # before the load
 
     try:
         from .. import serve as serving

@@ -7,10 +7,13 @@ proposal costs only time. The engine cuts the KV cache back past the first rejec
 (`scheduler.Engine`).
 
 Drafters: `NgramDrafter` (prompt lookup: what followed the latest earlier occurrence of the last few
-tokens of prompt + output; no second model)."""
+tokens of prompt + output; no second model) and `ModelDrafter` (a draft model's greedy tokens: the same
+file in a cheaper mode, or a smaller model with the same tokenizer, `same_tokenizer`)."""
 
 from __future__ import annotations
 
+import json
+import threading
 from typing import Sequence
 
 import numpy as np
@@ -80,13 +83,98 @@ class RandomDrafter:
         return self.rng.integers(0, self.vocab, max(k, 0)).tolist()
 
 
+class ModelDrafter:
+    """A draft model proposes: its greedy tokens after the context, from a second model that shares the
+    tokenizer (`same_tokenizer`), for example the same file in a cheaper mode (`--speculative int8`
+    drafting for native). Its KV cache keeps a slot per recent context, cut back to what the new
+    context shares with it, so each call computes only the tokens it has not seen: the accepted ones
+    since the last call, then one pass per proposal."""
+
+    def __init__(self, model, max_draft: int = 6, slots: int = 8):
+        self.model, self.max_draft = model, max_draft
+        self.name = f"model:{model.path.name}:{model.dtype}"
+        self.cache = model.backend.new_cache(256, slots)
+        self.held: list[list[int]] = [[] for _ in range(slots)]  # the ids each slot's positions hold
+        self.last_use = [0] * slots
+        self.clock = 0
+        self.lock = threading.Lock()  # one Model's drafter serves every call made on it
+
+    def length(self) -> DraftLength:
+        return DraftLength(min(3, self.max_draft), self.max_draft)
+
+    def _slot(self, context: Sequence[int]) -> tuple[int, int]:
+        """(slot, positions to keep): the slot sharing the longest prefix with context, else the least
+        recently used one; at most len(context) - 1 kept, so a pass has a token to run."""
+        best, keep = 0, -1
+        for s, held in enumerate(self.held):
+            n = min(len(held), len(context) - 1)
+            same = next((i for i in range(n) if held[i] != context[i]), n)
+            if same > keep or (same == keep and self.last_use[s] < self.last_use[best]):
+                best, keep = s, same
+        if keep == 0:
+            best = min(range(len(self.held)), key=self.last_use.__getitem__)
+        return best, keep
+
+    def propose(self, context: Sequence[int], k: int) -> list[int]:
+        k = min(k, self.max_draft)
+        if k < 1 or not context:
+            return []
+        with self.lock:
+            return self._propose([int(t) for t in context], k)
+
+    def _propose(self, ctx: list[int], k: int) -> list[int]:
+        slot, keep = self._slot(ctx)
+        self.clock += 1
+        self.last_use[slot] = self.clock
+        need = len(ctx) + k
+        if need > self.model.config.context_length:
+            return []
+        if need > self.cache.capacity:
+            self.cache.grow(max(need, 2 * self.cache.capacity))
+        self.cache.lengths[slot] = keep  # positions past it are overwritten before they are read
+        backend = self.model.backend
+        logits = backend.forward(ctx[keep:], self.cache, slot=slot)
+        out: list[int] = []
+        while True:
+            out.append(int(np.argmax(logits[-1])))
+            if len(out) == k:
+                break
+            logits = backend.forward(out[-1:], self.cache, slot=slot)
+        self.held[slot] = ctx + out[:-1]
+        return out
+
+
+def same_tokenizer(a, b) -> str | None:
+    """None when tokenizers a and b turn text into the same ids and back, else the first difference in
+    a few words: vocabulary size, a token, the merges, the special ids."""
+    ha, hb = a.hf, b.hf
+    if ha.get_vocab_size(with_added_tokens=True) != hb.get_vocab_size(with_added_tokens=True):
+        return (f"vocabulary sizes differ: {ha.get_vocab_size(with_added_tokens=True)} against "
+                f"{hb.get_vocab_size(with_added_tokens=True)}")
+    for i in range(ha.get_vocab_size(with_added_tokens=True)):
+        if ha.id_to_token(i) != hb.id_to_token(i):
+            return f"token {i} differs: {ha.id_to_token(i)!r} against {hb.id_to_token(i)!r}"
+    ma, mb = json.loads(ha.to_str()).get("model", {}), json.loads(hb.to_str()).get("model", {})
+    if ma.get("type") != mb.get("type") or ma.get("merges") != mb.get("merges"):
+        return "the merges (or the tokenizer model's kind) differ"
+    if (a.bos_id, sorted(a.eos_ids)) != (b.bos_id, sorted(b.eos_ids)):
+        return f"special ids differ: BOS/EOS {a.bos_id}/{sorted(a.eos_ids)} against {b.bos_id}/{sorted(b.eos_ids)}"
+    for field in ("model", "pre", "add_bos", "add_space_prefix"):
+        if getattr(a, field) != getattr(b, field):
+            return f"the tokenizers' {field} differs: {getattr(a, field)!r} against {getattr(b, field)!r}"
+    return None
+
+
 def make_drafter(spec):
-    """The drafter `spec` names: None or "" for none, "ngram", or a drafter object (kept: anything with
-    `name`, `length()` giving a `DraftLength` and `propose(context, k)` giving at most k token ids)."""
+    """The drafter `spec` names: None or "" for none, "ngram", a loaded draft model (its tokenizer is
+    the caller's to check: `same_tokenizer`), or a drafter object (kept: anything with `name`, `length()`
+    giving a `DraftLength` and `propose(context, k)` giving at most k token ids)."""
     if spec is None or spec == "" or spec is False:
         return None
     if all(hasattr(spec, a) for a in ("name", "length", "propose")):
         return spec
+    if hasattr(spec, "backend") and hasattr(spec, "tokenizer"):  # a loaded model (`api.Model`)
+        return ModelDrafter(spec)
     if spec == "ngram":
         return NgramDrafter()
     raise TinydetError(f"speculative: expected one of {', '.join(SPECULATIVE_KINDS)} or none, found {spec!r}")
