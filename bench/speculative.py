@@ -3,14 +3,15 @@ whether the output is the same. tinydet with prompt lookup (`--speculative ngram
 without, and, with --llama-python, llama.cpp's prompt-lookup drafter (llama-cpp-python's
 LlamaPromptLookupDecoding) against llama.cpp without it, on the same file and prompt ids.
 
-    python bench/speculative.py --model M.gguf [--dtype native] [--threads 2] [--repeats 3]
-        [--new-tokens 192] [--llama-python PY] [--batch] [--json]
+    python bench/speculative.py --model M.gguf [--dtype native] [--drafter ngram|DTYPE|MODEL]
+        [--threads 2] [--repeats 3] [--new-tokens 192] [--llama-python PY] [--batch] [--json]
 
 Tasks (chat prompts around a passage of this repository's README.md, 500-1,500 tokens): repeat it,
 rewrite it with its typos fixed, extract the sentences on a subject, answer a question by quoting it;
 each greedy and at temperature 0.7 with a seed. Modes alternate within a round. Decode tok/s is
 tokens after the first over the time after the first token (tinydet's `Generation`; llama.cpp: the
-time of N tokens less the time of one, same prompt). tinydet must give identical output and logits
+time of N tokens less the time of one, same prompt). `--drafter` is what `--speculative` takes (default
+ngram; int8: the same file in the integer mode drafting). tinydet must give identical output and logits
 hashes in both modes, or the script fails. llama.cpp runs each task once per mode, greedy. `--batch`: also `generate_batch` of 8 of these requests
 (max_batch 8), tokens per second of the whole batch, both modes.
 """
@@ -83,6 +84,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--dtype", default="native")
+    ap.add_argument("--drafter", default="ngram", help="ngram, a dtype (this file drafting in it) or a draft model")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=192)
@@ -95,54 +97,57 @@ def main() -> None:
 
     import tinydet
 
-    model = tinydet.load(a.model, dtype=a.dtype, threads=a.threads)
+    model = tinydet.load(a.model, dtype=a.dtype, threads=a.threads, speculative=a.drafter)
+    drafter = model.speculative  # resolved once (a draft model loaded once), then set and unset per run
+    model.speculative = None
     ps = prompts(model, a.words)
     settings = {"greedy": {}, "t0.7": dict(temperature=0.7, seed=11)}
     rows = []
     for name, ids in ({} if a.llama_only else ps).items():
         for sname, s in settings.items():
-            runs = {"plain": [], "ngram": []}
+            runs = {"plain": [], "spec": []}
             gens = {}
             for r in range(a.repeats):
-                for spec in ((None, "ngram") if r % 2 == 0 else ("ngram", None)):
+                for spec in ((None, drafter) if r % 2 == 0 else (drafter, None)):
                     g = run_tinydet(model, ids, a.new_tokens, s, spec)
-                    key = spec or "plain"
+                    key = "spec" if spec else "plain"
                     runs[key].append(g.tokens_per_second)
                     if key in gens and (g.output_hash, g.logits_hash) != (gens[key].output_hash, gens[key].logits_hash):
                         sys.exit(f"{name} {sname} {key}: a repeat gave other bytes")
                     gens[key] = g
-            p, n = gens["plain"], gens["ngram"]
+            p, n = gens["plain"], gens["spec"]
             if (p.output_hash, p.logits_hash) != (n.output_hash, n.logits_hash):
                 sys.exit(f"{name} {sname}: speculative output differs from plain")
             med = {k: statistics.median(v) for k, v in runs.items()}
             rows.append(dict(task=name, sampling=sname, prompt_tokens=len(ids), tokens=len(p.token_ids),
-                             plain_tok_s=med["plain"], ngram_tok_s=med["ngram"], speedup=med["ngram"] / med["plain"],
+                             plain_tok_s=med["plain"], spec_tok_s=med["spec"], speedup=med["spec"] / med["plain"],
                              acceptance=n.acceptance_rate, tokens_per_pass=n.tokens_per_pass, same_bytes=True,
                              output_hash=p.output_hash))
             print(f"{name:8} {sname:6} prompt {len(ids):5} new {len(p.token_ids):4}: plain {med['plain']:6.1f}, "
-                  f"ngram {med['ngram']:6.1f} tok/s ({med['ngram'] / med['plain']:.2f}x), accepted "
+                  f"{drafter.name} {med['spec']:6.1f} tok/s ({med['spec'] / med['plain']:.2f}x), accepted "
                   f"{n.acceptance_rate:.0%}, {n.tokens_per_pass:.2f} tokens/pass, same bytes", file=sys.stderr)
-    result = {"model": a.model, "dtype": a.dtype, "threads": a.threads, "repeats": a.repeats, "tinydet": rows}
+    result = {"model": a.model, "dtype": a.dtype, "drafter": drafter.name, "threads": a.threads, "repeats": a.repeats,
+              "tinydet": rows}
     if a.batch and not a.llama_only:
         reqs = [dict(prompt=ids, max_tokens=a.new_tokens // 2, **s) for ids in ps.values() for s in settings.values()]
-        tps = {"plain": [], "ngram": []}
+        tps = {"plain": [], "spec": []}
         outs = {}
         for r in range(a.repeats):
-            for spec in ((None, "ngram") if r % 2 == 0 else ("ngram", None)):
+            for spec in ((None, drafter) if r % 2 == 0 else (drafter, None)):
                 model.speculative = spec
                 t0 = time.perf_counter()
                 gs = model.generate_batch(reqs, max_batch=8)
                 dt = time.perf_counter() - t0
                 model.speculative = None
-                tps[spec or "plain"].append(sum(len(g.token_ids) for g in gs) / dt)
-                outs[spec or "plain"] = [(g.output_hash, g.logits_hash) for g in gs]
-        if outs["plain"] != outs["ngram"]:
+                tps["spec" if spec else "plain"].append(sum(len(g.token_ids) for g in gs) / dt)
+                outs["spec" if spec else "plain"] = [(g.output_hash, g.logits_hash) for g in gs]
+        if outs["plain"] != outs["spec"]:
             sys.exit("generate_batch: speculative output differs from plain")
         med = {k: statistics.median(v) for k, v in tps.items()}
-        result["batch"] = dict(requests=len(reqs), plain_tok_s=med["plain"], ngram_tok_s=med["ngram"],
-                               ratio=med["ngram"] / med["plain"])
-        print(f"generate_batch of {len(reqs)}: plain {med['plain']:.1f}, ngram {med['ngram']:.1f} tok/s "
-              f"({med['ngram'] / med['plain']:.2f}x), same bytes", file=sys.stderr)
+        result["batch"] = dict(requests=len(reqs), plain_tok_s=med["plain"], spec_tok_s=med["spec"],
+                               ratio=med["spec"] / med["plain"])
+        print(f"generate_batch of {len(reqs)}: plain {med['plain']:.1f}, {drafter.name} {med['spec']:.1f} tok/s "
+              f"({med['spec'] / med['plain']:.2f}x), same bytes", file=sys.stderr)
     if a.llama_python:
         arg = json.dumps(dict(model=a.model, threads=a.threads, new=a.new_tokens, prompts=ps))
         r = subprocess.run([a.llama_python, "-c", LLAMA_WORKER, arg], capture_output=True, text=True)

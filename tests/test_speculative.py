@@ -245,3 +245,36 @@ def test_draft_model_setting_and_its_tokenizer_checked(stories_path, sibling, sm
         model.speculative = smollm_models("native")
     assert same_tokenizer(model.tokenizer, sibling.tokenizer) is None
     assert "differ" in same_tokenizer(model.tokenizer, smollm_models("native").tokenizer)
+
+
+def test_draft_model_keeps_each_sequence_in_its_slot(stories):
+    """Two sequences after one prompt, proposed for in turn: the second takes a free slot with the
+    prompt's blocks copied, neither undoes the other (each call runs only its new tokens and its
+    proposals), and every proposal is what a fresh draft model proposes for that context."""
+    from types import SimpleNamespace
+
+    ran = []
+
+    class Counting:
+        def __init__(self, backend):
+            self.backend = backend
+
+        def new_cache(self, *args):
+            return self.backend.new_cache(*args)
+
+        def forward(self, tokens, cache, slot=0):
+            ran.append(len(tokens))
+            return self.backend.forward(tokens, cache, slot=slot)
+
+    draft = SimpleNamespace(path=stories.path, dtype="fp32", config=stories.config, backend=Counting(stories.backend))
+    d = ModelDrafter(draft, slots=2)
+    prompt = stories.tokenizer.encode(STORY * 3)
+    ctx = {"a": prompt + [7], "b": prompt + [9]}
+    for turn in range(6):
+        for name in ("a", "b"):
+            ran.clear()
+            got = d.propose(ctx[name], 3)
+            assert got == ModelDrafter(stories).propose(ctx[name], 3), (turn, name)
+            if turn:
+                assert sum(ran) <= 2 + 2, (turn, name, ran)  # the last proposal and the new token, then 2 more
+            ctx[name] = ctx[name] + got[:turn % 3] + [(got[turn % 3] + 1) % stories.config.vocab_size]

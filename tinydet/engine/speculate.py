@@ -95,6 +95,7 @@ class ModelDrafter:
         self.name = f"model:{model.path.name}:{model.dtype}"
         self.cache = model.backend.new_cache(256, slots)
         self.held: list[list[int]] = [[] for _ in range(slots)]  # the ids each slot's positions hold
+        self.real = [0] * slots  # how many of them were the context (the rest: its last proposals)
         self.last_use = [0] * slots
         self.clock = 0
         self.lock = threading.Lock()  # one Model's drafter serves every call made on it
@@ -102,17 +103,26 @@ class ModelDrafter:
     def length(self) -> DraftLength:
         return DraftLength(min(3, self.max_draft), self.max_draft)
 
-    def _slot(self, context: Sequence[int]) -> tuple[int, int]:
-        """(slot, positions to keep): the slot sharing the longest prefix with context, else the least
-        recently used one; at most len(context) - 1 kept, so a pass has a token to run."""
+    def _slot(self, context: list[int]) -> tuple[int, int]:
+        """(slot, positions kept) for context: the slot sharing the longest prefix with it (at most
+        len(context) - 1 kept, so a pass has a token to run). Where that would cut another sequence's
+        own tokens (several sequences after one prompt, batched) and a slot is free, the free one takes
+        the shared prefix's whole blocks by copy instead, so that sequences do not undo each other."""
         best, keep = 0, -1
         for s, held in enumerate(self.held):
             n = min(len(held), len(context) - 1)
             same = next((i for i in range(n) if held[i] != context[i]), n)
             if same > keep or (same == keep and self.last_use[s] < self.last_use[best]):
                 best, keep = s, same
-        if keep == 0:
-            best = min(range(len(self.held)), key=self.last_use.__getitem__)
+        if keep < self.real[best]:  # past the shared prefix, best holds another sequence's tokens
+            free = [s for s, held in enumerate(self.held) if not held]
+            if free:
+                block = self.cache.block
+                for b in range(keep // block):
+                    self.cache.write_block(free[0], b, self.cache.read_block(best, b))
+                return free[0], keep // block * block
+            if keep == 0:
+                best = min(range(len(self.held)), key=self.last_use.__getitem__)
         return best, keep
 
     def propose(self, context: Sequence[int], k: int) -> list[int]:
@@ -132,6 +142,7 @@ class ModelDrafter:
         if need > self.cache.capacity:
             self.cache.grow(max(need, 2 * self.cache.capacity))
         self.cache.lengths[slot] = keep  # positions past it are overwritten before they are read
+        self.held[slot], self.real[slot] = ctx[:keep], keep  # so far, should a pass fail
         backend = self.model.backend
         logits = backend.forward(ctx[keep:], self.cache, slot=slot)
         out: list[int] = []
@@ -140,7 +151,7 @@ class ModelDrafter:
             if len(out) == k:
                 break
             logits = backend.forward(out[-1:], self.cache, slot=slot)
-        self.held[slot] = ctx + out[:-1]
+        self.held[slot], self.real[slot] = ctx + out[:-1], len(ctx)
         return out
 
 
