@@ -133,12 +133,12 @@ class ModelDrafter:
             return self._propose([int(t) for t in context], k)
 
     def _propose(self, ctx: list[int], k: int) -> list[int]:
-        slot, keep = self._slot(ctx)
-        self.clock += 1
-        self.last_use[slot] = self.clock
         need = len(ctx) + k
         if need > self.model.config.context_length:
             return []
+        slot, keep = self._slot(ctx)
+        self.clock += 1
+        self.last_use[slot] = self.clock
         if need > self.cache.capacity:
             self.cache.grow(max(need, 2 * self.cache.capacity))
         self.cache.lengths[slot] = keep  # positions past it are overwritten before they are read
