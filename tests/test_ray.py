@@ -198,11 +198,12 @@ def test_rollout_of_a_broken_version_rolls_back(deployment, stories_models, stor
 
 
 def test_rollout_to_the_same_fingerprint_probes_equal_then_shifts(deployment, stories_models, stories_path):
-    """A rollout whose new replicas have the same fingerprint: the probes are byte-identical, traffic
-    moves in steps, the old backend is retired and answers stay equal to the request alone."""
+    """A rollout whose new replicas have the same fingerprint (they decode speculatively, drafting at
+    fp16: the same bytes): the probes are byte-identical, traffic moves in steps, the old backend is
+    retired and answers stay equal to the request alone."""
     url, info = deployment
     old = _live()["app"]
-    spec = cluster.spec(stories_path, name=NAME, max_batch=4, prefill_chunk=32)
+    spec = cluster.spec(stories_path, name=NAME, max_batch=4, prefill_chunk=32, speculative="fp16")
     out = rollout.rollout(spec, 2, rollout.DEFAULT_PROBES, [0.5, 1.0], 0.5, echo=lambda m: None)
     assert out["outcome"] == "done" and out["fingerprint"] == info["fingerprint"] and out["baseline"] is None
     table = cluster.current_table()["backends"]

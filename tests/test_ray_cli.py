@@ -28,8 +28,10 @@ def _tinydet(*args, timeout=300):
 def test_serve_ray_rollout_and_sigterm(stories_path, stories_models, tmp_path):
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(tinydet_argv("serve", "--ray", "--replicas", "2", "--model",
-                                           str(stories_path), "--served-model-name", "stories", "--port", str(port)),
+    # replicas decoding with prompt lookup: plain decoding's bytes, the plain fingerprint
+    server = subprocess.Popen(tinydet_argv("serve", "--ray", "--replicas", "2", "--model", str(stories_path),
+                                           "--served-model-name", "stories", "--port", str(port),
+                                           "--speculative", "ngram"),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env={**os.environ, "RAY_ADDRESS": ""})
     try:

@@ -21,21 +21,26 @@ def _cluster_module():
 
 
 def _replica_spec(cluster, model_name, dtype, threads, max_batch, max_queue, prefill_chunk, prefix_cache_mb, api_key,
-                  log_path, served_model_name, canary_file, canary_interval, verify) -> dict:
+                  log_path, served_model_name, canary_file, canary_interval, verify, speculative=None) -> dict:
     """What each replica runs: the model resolved here (pulled and verified once) and pinned by its
-    SHA-256, which every replica checks before its gate."""
+    SHA-256, which every replica checks before its gate; a draft model (--speculative) resolved here too."""
     from pathlib import Path
 
+    from ..api import check_speculative
     from ..hashing import model_sha256
     from ..registry import DEFAULT_MODEL, known_models, resolve_model
 
+    check_speculative(speculative)
+    if speculative and speculative not in ("ngram", *common.DTYPES):  # a draft model: pulled here, once
+        speculative = str(resolve_model(speculative, verify=verify).resolve())
     name = model_name or DEFAULT_MODEL
     path = resolve_model(name, verify=verify).resolve()
     served = served_model_name or (name if name in known_models() else Path(name).name)
     return cluster.spec(str(path), dtype, threads or 1, served, max_batch, max_queue, prefill_chunk,
                         prefix_cache_mb << 20, api_key, log_path and str(Path(log_path).resolve()),
                         canary_file and str(Path(canary_file).resolve()), 60 * canary_interval,
-                        sha256=model_sha256(path), check_memory=None if common._memory_check else False)
+                        sha256=model_sha256(path), check_memory=None if common._memory_check else False,
+                        speculative=speculative)
 
 
 def replica_options(fn):
@@ -69,6 +74,7 @@ def replica_options(fn):
         click.option("--verify", is_flag=True, help="Re-hash a known model's file before use."),
         no_memory_check_option,
         no_panel_cache_option,
+        common.speculative_option,
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -88,24 +94,21 @@ def replica_options(fn):
 @click.option("--ray-address", default=None, help="With --ray: the Ray cluster to join (e.g. auto, or "
               "ray://host:10001). Default: start a local one, stopped on exit.")
 @device_option
-@common.speculative_option
 @cli_errors
 def serve(model_name, host, port, dtype, threads, max_batch, max_queue, prefill_chunk, prefix_cache_mb, api_key,
-          log_path, served_model_name, canary_file, canary_interval, shutdown_timeout, verify, on_ray, replicas,
-          ray_address, device, speculative):
+          log_path, served_model_name, canary_file, canary_interval, shutdown_timeout, verify, speculative, on_ray,
+          replicas, ray_address, device):
     """Serve a model over OpenAI's API (/v1/completions, /v1/chat/completions, /v1/models, /health,
     /metrics). Same system_fingerprint + same request + same seed = the same bytes, under any load."""
     import logging
     from pathlib import Path
 
-    if on_ray and speculative:
-        raise TinydetError("--speculative: not yet on Ray replicas; serve without --ray")
     if on_ray and device != "cpu":
         raise TinydetError("--device: Ray replicas run on the CPU (--device cpu); serve a GPU without --ray")
     if on_ray:
         cluster = _cluster_module()
         spec = _replica_spec(cluster, model_name, dtype, threads, max_batch, max_queue, prefill_chunk, prefix_cache_mb,
-                             api_key, log_path, served_model_name, canary_file, canary_interval, verify)
+                             api_key, log_path, served_model_name, canary_file, canary_interval, verify, speculative)
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         cluster.run(spec, replicas or 2, host, port, ray_address, shutdown_timeout,
                     echo=lambda m: click.echo(m, err=True))
@@ -161,7 +164,7 @@ def serve(model_name, host, port, dtype, threads, max_batch, max_queue, prefill_
 @click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
 @cli_errors
 def rollout(model_name, dtype, threads, max_batch, max_queue, prefill_chunk, prefix_cache_mb, api_key, log_path,
-            served_model_name, canary_file, canary_interval, verify, replicas, ray_address, probe_file, steps,
+            served_model_name, canary_file, canary_interval, verify, speculative, replicas, ray_address, probe_file, steps,
             step_seconds, record_path, runtime_env_json, dry_run):
     """Roll a `tinydet serve --ray` deployment over to a new model or tinydet version: new replicas
     beside the old ones, each through its golden gate; probes compared with the old replicas' answers
@@ -197,7 +200,8 @@ def rollout(model_name, dtype, threads, max_batch, max_queue, prefill_chunk, pre
         if served_model_name is None:
             served_model_name = cluster.backend_info(table["backends"][0]["app"])["name"]
         spec = _replica_spec(cluster, model_name, dtype, threads, max_batch, max_queue, prefill_chunk, prefix_cache_mb,
-                             api_key, log_path, served_model_name, canary_file, canary_interval, verify)
+                             api_key, log_path, served_model_name, canary_file, canary_interval, verify,
+                             speculative)
         try:
             out = ro.rollout(spec, replicas, probes, shares, step_seconds, dry_run, runtime_env, echo=click.echo)
         except ro.RolloutFailed as e:

@@ -21,13 +21,15 @@ HEALTH_PERIOD_S = 5.0  # how often Ray calls Replica.check_health
 
 def spec(model, dtype="fp32", threads=1, name=None, max_batch=8, max_queue=64, prefill_chunk=512,
          prefix_cache_bytes=256 << 20, api_key=None, log_path=None, canary_file=None, canary_interval=600.0,
-         sha256=None, check_memory=None) -> dict:
+         sha256=None, check_memory=None, speculative=None) -> dict:
     """What a backend's replicas run: `tinydet serve`'s options (picklable), and the model file's
-    SHA-256 when it is pinned (a replica whose file has another fails its gate)."""
+    SHA-256 when it is pinned (a replica whose file has another fails its gate). `speculative`: "ngram",
+    a dtype or a draft model's path, as `Model.speculative` takes it (the same bytes, the same fingerprint)."""
     return dict(model=str(model), dtype=dtype, threads=threads, name=name or Path(str(model)).name,
                 max_batch=max_batch, max_queue=max_queue, prefill_chunk=prefill_chunk,
                 prefix_cache_bytes=prefix_cache_bytes, api_key=api_key, log_path=log_path, canary_file=canary_file,
-                canary_interval=canary_interval, sha256=sha256, check_memory=check_memory)
+                canary_interval=canary_interval, sha256=sha256, check_memory=check_memory,
+                speculative=speculative)
 
 
 def _why(message: str) -> str:

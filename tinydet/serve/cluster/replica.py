@@ -36,6 +36,7 @@ class Replica:
             m = load(spec["model"], dtype=spec["dtype"], threads=spec["threads"], check_memory=spec["check_memory"])
             if spec["sha256"] and m.sha256 != spec["sha256"]:
                 raise TinydetError(f"{spec['model']}: SHA-256 {m.sha256}, but this deployment pins {spec['sha256']}")
+            m.speculative = spec.get("speculative")
             return m
 
         self.service = s = Service(loader, spec["name"], spec["max_batch"], spec["max_queue"], spec["prefill_chunk"],
