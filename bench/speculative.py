@@ -45,6 +45,8 @@ def passage(words: int) -> str:
 
 def prompts(model, words: int) -> dict[str, list[int]]:
     p = passage(words)
+    if model.tokenizer.chat_template is None:  # a base model's file (Gemma 3 270M's GGUF has no template)
+        return {name: model.tokenize(t.format(p=p) + "\n\n") for name, t in TASKS.items()}
     return {name: model.chat_prompt([{"role": "user", "content": t.format(p=p)}]) for name, t in TASKS.items()}
 
 

@@ -388,6 +388,35 @@ class API(Target):
             m.logits(prompt)
 
 
+class Structured(Target):
+    """Model.generate on stories260K (at most 4 new tokens) constrained by mutated JSON Schemas, regexes and
+    grammars (Lark and GBNF) of the shapes users send (tests/schemas.py): an output, or a TinydetError."""
+    name = "structured"
+
+    @cached_property
+    def model(self):
+        import tinydet
+
+        return tinydet.load(SHARED_MODELS / "stories260K.gguf", threads=1)
+
+    def make(self, rng):
+        from schemas import GRAMMARS, REGEXES, SCHEMAS
+
+        kind = rng.choice(["json_schema", "json_schema", "regex", "grammar"])
+        if kind == "json_schema":
+            value = mutate_json(rng, rng.choice(list(SCHEMAS.values())))
+        else:
+            seed = rng.choice(list((REGEXES if kind == "regex" else GRAMMARS).values()))
+            value = mutate_bytes(rng, seed.encode()).decode("utf-8", "replace")
+        spec = {"kind": kind, "value": value, "max_tokens": rng.randint(1, 4), "temperature": rng.choice([0.0, 1.0])}
+        return {"constraint.json": json.dumps(spec).encode()}
+
+    def run(self, case):
+        spec = json.loads(case_path(case, "constraint.json").read_text())
+        self.model.generate("Once", max_tokens=spec["max_tokens"], temperature=spec["temperature"],
+                            **{spec["kind"]: spec["value"]})
+
+
 def chat_templates() -> dict[str, str]:
     """The real chat templates at hand: those the seed GGUFs carry (Qwen2/Qwen3's ChatML, Llama 3.2's,
     Gemma 3's, Mistral's, Phi-3's, from the tests' generators) and SmolLM2's from the test cache when a
@@ -453,4 +482,5 @@ class ChatTemplate(Target):
             raise RuntimeError(f"render_chat returned a {type(out).__name__}")
 
 
-TARGETS = {t.name: t for t in (GGUF(), LoadGGUF(), Safetensors(), HFDir(), Manifest(), CLI(), API(), ChatTemplate())}
+TARGETS = {t.name: t for t in (GGUF(), LoadGGUF(), Safetensors(), HFDir(), Manifest(), CLI(), API(), ChatTemplate(),
+                               Structured())}

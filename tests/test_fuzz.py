@@ -59,11 +59,18 @@ test_safetensors = mutated("safetensors", 80)
 test_hf_dir = mutated("hf_dir", 60)
 test_chat_template = mutated("chat_template", 30)  # a runaway costs the target's 0.25 s render bound
 _api = mutated("api", 150)
+_structured = mutated("structured", 300)
 
 
 def test_api(stories_path, scratch):
     """api: Model's public calls on stories260K with mutated arguments (at most 3 new tokens each)."""
     _api(scratch)
+
+
+def test_structured(stories_path, scratch):
+    """structured: mutated JSON Schemas, regexes and grammars constraining stories260K."""
+    pytest.importorskip("llguidance", reason="the structured extra is not installed")
+    _structured(scratch)
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=8),
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),

@@ -130,15 +130,27 @@ class Model:
     def _params(self, temperature, top_k, top_p, min_p, seed) -> SamplingParams:
         return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
 
-    SETTINGS = ("prompt", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop")
+    SETTINGS = ("prompt", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "json_schema",
+                "regex", "grammar")
 
     def request(self, prompt: str | Sequence[int] = "", max_tokens: int = 256, temperature: float = 0.0,
                 top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int = 0,
-                stop: Sequence[str] | None = None, logits: bool = False, prompt_logits: bool = False) -> Request:
+                stop: Sequence[str] | None = None, logits: bool = False, prompt_logits: bool = False,
+                json_schema=None, regex: str | None = None, grammar: str | None = None) -> Request:
         """An engine `Request` with generate()'s settings (`logits`: events carry their logits rows;
         `prompt_logits`: also the rows predicting the prompt's tokens)."""
         return Request(self.prompt_ids(prompt), self._params(temperature, top_k, top_p, min_p, seed), max_tokens,
-                       check_stop(stop), logits, prompt_logits)
+                       check_stop(stop), logits, prompt_logits, self.constraint(json_schema, regex, grammar))
+
+    def constraint(self, json_schema=None, regex: str | None = None, grammar: str | None = None):
+        """The compiled constraint (`structured.py`) of at most one of a JSON Schema (a dict or JSON text;
+        {"type": "object"} for any object), a regular expression or a grammar (Lark as llguidance reads
+        it, or llama.cpp's GBNF); None for none. One that does not compile is a one-line TinydetError."""
+        if json_schema is None and regex is None and grammar is None:
+            return None
+        from .structured import constraint
+
+        return constraint(self.tokenizer, self.config.vocab_size, json_schema, regex, grammar)
 
     def engine(self, max_batch: int = 8, step_tokens: int | None = None, prefix_cache_bytes: int = 0) -> Engine:
         """A step-wise engine over this model (submit / step / cancel; see `engine.scheduler`), with a
@@ -160,15 +172,21 @@ class Model:
 
     def generate(self, prompt: str | Sequence[int] = "", max_tokens: int = 256, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int = 0,
-                 stop: Sequence[str] | None = None) -> Generation:
-        """Generate up to `max_tokens` tokens. Greedy when temperature is 0."""
-        r = self.request(prompt, max_tokens, temperature, top_k, top_p, min_p, seed, stop)
+                 stop: Sequence[str] | None = None, json_schema=None, regex: str | None = None,
+                 grammar: str | None = None) -> Generation:
+        """Generate up to `max_tokens` tokens. Greedy when temperature is 0. `json_schema`, `regex` or
+        `grammar` constrain every token (`constraint`); the output may still end at `max_tokens`
+        (finish_reason "length") before the constraint is complete."""
+        r = self.request(prompt, max_tokens, temperature, top_k, top_p, min_p, seed, stop,
+                         json_schema=json_schema, regex=regex, grammar=grammar)
         g = generate(self.backend, self.tokenizer, r, self._drafter)
         self._done(r, g)
         return g
 
     def _done(self, r: Request, g: Generation) -> None:
         g.settings = self._settings(r.params, r.max_tokens, r.stop)
+        if r.constraint is not None:
+            g.settings["constraint"] = r.constraint.describe()
         self._log(g)
 
     def _log(self, g: Generation) -> None:
@@ -231,16 +249,20 @@ class Model:
         return self.tokenize(text, add_special=False)
 
     def chat(self, messages: Sequence[dict], max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
-             top_p: float = 1.0, min_p: float = 0.0, seed: int = 0, stop: Sequence[str] | None = None) -> Generation:
+             top_p: float = 1.0, min_p: float = 0.0, seed: int = 0, stop: Sequence[str] | None = None,
+             json_schema=None, regex: str | None = None, grammar: str | None = None) -> Generation:
         """The assistant's reply to `messages` ([{"role": "user", "content": "..."}, ...])."""
         return self.generate(self.chat_prompt(messages), max_tokens=max_tokens, temperature=temperature,
-                             top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, stop=stop)
+                             top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, stop=stop, json_schema=json_schema,
+                             regex=regex, grammar=grammar)
 
     def stream(self, prompt: str | Sequence[int] = "", max_tokens: int = 256, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int = 0,
-               stop: Sequence[str] | None = None) -> Iterator[str]:
+               stop: Sequence[str] | None = None, json_schema=None, regex: str | None = None,
+               grammar: str | None = None) -> Iterator[str]:
         """Yield pieces of text as they are produced (the same tokens as `generate`)."""
-        r = self.request(prompt, max_tokens, temperature, top_k, top_p, min_p, seed, stop)
+        r = self.request(prompt, max_tokens, temperature, top_k, top_p, min_p, seed, stop,
+                         json_schema=json_schema, regex=regex, grammar=grammar)
         for ev in stream(self.backend, self.tokenizer, r, self._drafter):
             if ev.text:
                 yield ev.text

@@ -59,10 +59,11 @@ def _top(row, k):
 def token_logprobs(row: np.ndarray, token: int, top: int = 0) -> tuple[float, list[tuple[int, float]]]:
     """(log p(token), [(id, log p(id)) for the `top` most likely ids]) under one logits row."""
     x = np.ascontiguousarray(row, np.float32).reshape(-1)
-    if not np.isfinite(x).all():
+    # -inf is a token a constraint ruled out (`structured.py`): probability 0, never an alternative
+    if np.isnan(x).any() or (x == np.inf).any() or not np.isfinite(x[token]):
         raise TinydetError("logits contain NaN or infinity: the model produced invalid values")
     if not 0 <= top <= MAX_TOP:
         raise TinydetError(f"top_logprobs: expected 0 to {MAX_TOP}, found {top}")
     norm = _log_norm(x)
-    alts = [(int(i), float(np.float64(x[i]) - norm)) for i in _top(x, top)] if top else []
+    alts = [(int(i), float(np.float64(x[i]) - norm)) for i in _top(x, top) if x[i] > -np.inf] if top else []
     return float(np.float64(x[token]) - norm), alts

@@ -164,6 +164,31 @@ def sampling_options(fn):
     return fn
 
 
+def _read_text(ctx, param, value):
+    """A file option's contents (UTF-8), or None."""
+    if value is None:
+        return None
+    try:
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise click.BadParameter(f"{value}: cannot be read ({e})") from None
+
+
+def structured_options(fn):
+    """--json-schema FILE, --regex, --grammar FILE: every token kept to one of them (`structured.py`)."""
+    for opt in reversed([
+        click.option("--json-schema", "json_schema", type=click.Path(dir_okay=False), callback=_read_text,
+                     default=None, help="Write JSON valid under this JSON Schema (a file; {\"type\": \"object\"} "
+                                        "for any object). Needs the structured extra."),
+        click.option("--regex", default=None, help="Write text that matches this regular expression."),
+        click.option("--grammar", type=click.Path(dir_okay=False), callback=_read_text, default=None,
+                     help="Write text in this grammar (a file: Lark as llguidance reads it, or llama.cpp's GBNF)."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
 COMPILE_NOTICE = ("compiling kernels for this machine (once per tinydet version, dtype and weight type; cached "
                   "afterwards): a minute or two...")
 _compile_notice = False  # the notice's listener is registered once per process

@@ -14,7 +14,7 @@ import click
 from .. import __version__
 from ..api import check_speculative
 from ..engine.speculate import speculation
-from .common import cli_errors, loader, model_options, sampling_options, speculative_option
+from .common import cli_errors, loader, model_options, sampling_options, speculative_option, structured_options
 
 
 def _stream(pieces) -> None:
@@ -32,11 +32,16 @@ def _stream(pieces) -> None:
 @click.option("--system", default=None, help="With --chat: a system message.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 @speculative_option
+@structured_options
 @cli_errors
 def generate(prompt, model_name, device, dtype, threads, verify, log_path, max_tokens, temperature, top_k, top_p, min_p,
-             seed, stop, as_chat, system, as_json, speculative):
+             seed, stop, as_chat, system, as_json, speculative, json_schema, regex, grammar):
     """Continue PROMPT (empty: start from BOS), streaming the text as it is produced."""
     check_speculative(speculative)  # before the load
+    if json_schema is not None:
+        from ..structured import check_schema_text
+
+        check_schema_text(json_schema)  # before the load
     model = loader()(model_name, dtype, threads, verify, log_path, device)
     model.speculative = speculative
     if as_chat:
@@ -45,7 +50,8 @@ def generate(prompt, model_name, device, dtype, threads, verify, log_path, max_t
     else:
         ids = model.prompt_ids(prompt)
     kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                  min_p=min_p, seed=seed, stop=list(stop))
+                  min_p=min_p, seed=seed, stop=list(stop), json_schema=json_schema, regex=regex, grammar=grammar)
+    model.constraint(json_schema, regex, grammar)  # compiled (or refused) before any output
     if not as_json:
         _stream(model.stream(ids, **kwargs))
         return

@@ -23,7 +23,6 @@ from typing import Callable, Iterator
 
 from ..backends import Backend
 from ..errors import TinydetError
-from ..sampling import sample
 from .prefix import PrefixCache
 from .sequence import Event, Generation, Request, SequenceState, check_request
 from .speculate import make_drafter
@@ -196,7 +195,7 @@ class Engine:
             self.step()
 
     def _state(self, r: Request) -> SequenceState:
-        return SequenceState(self.tokenizer, r.prompt_ids, r.params, r.max_tokens, r.stop)
+        return SequenceState(self.tokenizer, r.prompt_ids, r.params, r.max_tokens, r.stop, r.constraint)
 
     def _finish(self, seq: _Running, events: list[Event], ev: Event) -> None:
         now = time.perf_counter()
@@ -325,8 +324,7 @@ class Engine:
                     self._emit(s.handle, events, Event(s.handle.id, "", None, prompt_rows=predicting))
             if not done:
                 return
-        row = rows[-1]
-        tok = sample(row, s.state.params, s.state.position)
+        tok, row = s.state.choose(rows[-1])
         if s.t_first is None:
             s.t_first = time.perf_counter()
         if done:
@@ -350,10 +348,12 @@ class Engine:
         of the tokens taken before the last (the last goes in with the next pass, as in plain decoding)."""
         draft, s.draft = s.draft, []
         start = int(self.cache.lengths[s.slot]) - len(draft) - 1  # the last token's position
-        toks = []
+        toks, chosen_from = [], []
         for i, row in enumerate(rows):
-            toks.append(sample(row, s.state.params, s.state.position + i))
-            if i == len(draft) or toks[-1] != draft[i]:
+            tok, row = s.state.choose(row, i)
+            toks.append(tok)
+            chosen_from.append(row)
+            if i == len(draft) or tok != draft[i]:
                 break
         s.k.update(len(draft), len(toks) - 1)
         s.state.drafted += len(draft)
@@ -363,7 +363,7 @@ class Engine:
             if i:  # a proposal taken into the output (one that a stop leaves unused does not count)
                 s.state.accepted += 1
                 self.stats["draft_accepted"] += 1
-            if self._take(s, tok, rows[i], events):
+            if self._take(s, tok, chosen_from[i], events):
                 return
 
     def _fail(self, e: BaseException) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import ContextLengthError, TinydetError
 from ..hashing import hash_ids
-from ..sampling import SamplingParams, check_int
+from ..sampling import SamplingParams, check_int, sample
 
 FINISH_REASONS = ("stop", "length", "cancelled")
 
@@ -28,6 +28,7 @@ class Request:
     stop: Sequence[str] = ()
     logits: bool = False
     prompt_logits: bool = False  # also the rows that predict the prompt's own tokens (echo logprobs)
+    constraint: object = None  # a `structured.Constraint` every token keeps to, or None
 
 
 @dataclass
@@ -130,7 +131,7 @@ class SequenceState:
     and keeps what the result needs (the ids, a running hash of the logits rows)."""
 
     def __init__(self, tokenizer, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int,
-                 stop: Sequence[str] = ()):
+                 stop: Sequence[str] = (), constraint=None):
         if max_tokens < 1:
             raise TinydetError(f"max_tokens: expected at least 1, found {max_tokens}")
         self.prompt_ids = list(prompt_ids)
@@ -143,6 +144,18 @@ class SequenceState:
         self._rows = hashlib.sha256()  # hashing.hash_logits, one row at a time
         self.finish_reason: str | None = None
         self.drafted = self.accepted = 0  # speculation's counts (Generation's draft_*)
+        self.matcher = constraint.matcher() if constraint is not None else None
+
+    def choose(self, row: np.ndarray, ahead: int = 0) -> tuple[int, np.ndarray]:
+        """The token sampled from `row` for the position `ahead` past the next, and the row it was
+        sampled from: under a constraint, the row masked by it (the constraint then takes the token, so
+        rows ahead are chosen in order, each after the one before is taken)."""
+        if self.matcher is not None:
+            row = self.matcher.mask(row)
+        tok = sample(row, self.params, self.position + ahead)
+        if self.matcher is not None:
+            self.matcher.consume(tok)
+        return tok, row
 
     @property
     def position(self) -> int:

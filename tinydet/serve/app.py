@@ -80,11 +80,23 @@ class _App:
         pinned = self._pinned(req).get("seed")
         return secrets.randbits(63) if pinned is None else pinned
 
+    def _constraint(self, body) -> dict:
+        """The request's constraint as `Model.request` takes it, compiled now (then cached): a bad
+        schema or grammar is a 400 naming its field before any other work."""
+        asker, constraint = body.constraint()
+        if constraint:
+            try:
+                self.service.model.constraint(**constraint)
+            except TinydetError as e:
+                raise APIError(400, f"{asker}: {e}", param=asker) from None
+        return constraint
+
     def _jobs(self, req: HTTPRequest, body, prompts: list[tuple[str, list[int]]], max_tokens: int | None,
               top: int | None, echo: bool, param: str) -> tuple[list[_Job], int]:
         model, ctx = self.service.model, self.service.model.config.context_length
         seed = self._seed(req, body)
         temperature = 1.0 if body.temperature is None else body.temperature
+        constraint = self._constraint(body)
         jobs = []
         for p, (text, ids) in enumerate(prompts):
             if len(ids) >= ctx:
@@ -101,7 +113,7 @@ class _App:
                     r = model.request(ids, max(n_new, 1), temperature, body.top_k or 0,
                                       1.0 if body.top_p is None else body.top_p, body.min_p or 0.0,
                                       (seed + i) % (1 << 64), body.stops, logits=top is not None,
-                                      prompt_logits=echo and top is not None)
+                                      prompt_logits=echo and top is not None, **constraint)
                 except ContextLengthError as e:
                     raise APIError(400, str(e), param=param, code="context_length_exceeded") from None
                 except TinydetError as e:
@@ -114,6 +126,7 @@ class _App:
     async def completions(self, req: HTTPRequest) -> Response:
         body: CompletionRequest = await self._body(req, CompletionRequest)
         model = self.service.model
+        self._constraint(body)
         prompts = []
         for i, p in enumerate(body.prompts):
             where = "prompt" if len(body.prompts) == 1 else f"prompt[{i}]"
@@ -138,6 +151,7 @@ class _App:
     async def chat_completions(self, req: HTTPRequest) -> Response:
         body: ChatCompletionRequest = await self._body(req, ChatCompletionRequest)
         model = self.service.model
+        self._constraint(body)
         try:
             ids = model.chat_prompt([m.plain() for m in body.messages])
         except TinydetError as e:

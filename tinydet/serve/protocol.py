@@ -57,6 +57,38 @@ class StreamOptions(_Body):
 Prob = Annotated[float, Field(ge=0.0, le=1.0)]
 
 
+class JSONSchemaFormat(_Body):
+    name: Annotated[str, Field(max_length=64)] = "response"
+    description: str | None = None
+    schema_: dict | bool | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise APIError(400, "response_format.json_schema: required when type is json_schema",
+                           param="response_format.json_schema")
+        if self.type != "json_schema" and self.json_schema is not None:
+            raise APIError(400, f"response_format.json_schema: only with type json_schema, not {self.type}",
+                           param="response_format.json_schema")
+        return self
+
+
+class StructuredOutputs(_Body):
+    """vLLM's `structured_outputs`: one of a JSON Schema, a regex, a grammar, a list of choices, or any
+    JSON object."""
+    json_: dict | bool | str | None = Field(None, alias="json")
+    regex: str | None = None
+    grammar: str | None = None
+    choice: Annotated[list[str], Field(min_length=1)] | None = None
+    json_object: bool | None = None
+
+
 class _Sampling(_Body):
     model: str
     max_tokens: Annotated[int, Field(ge=0)] | None = None
@@ -75,6 +107,9 @@ class _Sampling(_Body):
     logit_bias: dict | None = None
     system_fingerprint: str | None = None
     return_token_ids: bool = False
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    grammar: str | None = None  # llama.cpp's field: GBNF (or Lark)
 
     @model_validator(mode="after")
     def _unsupported(self):
@@ -86,6 +121,37 @@ class _Sampling(_Body):
         if self.stream_options is not None and not self.stream:
             raise APIError(400, "stream_options: only allowed when stream is true", param="stream_options")
         return self
+
+    def constraint(self) -> tuple[str, dict]:
+        """(the field that asks, {json_schema | regex | grammar: ...}) for `Model.request`; ("", {}) for none.
+        Several at once are refused."""
+        asks = []
+        rf = self.response_format
+        if rf is not None and rf.type == "json_object":
+            asks.append(("response_format", {"json_schema": {"type": "object"}}))
+        elif rf is not None and rf.type == "json_schema":
+            schema = rf.json_schema.schema_
+            asks.append(("response_format.json_schema.schema", {"json_schema": {} if schema is None else schema}))
+        so = self.structured_outputs
+        if so is not None:
+            given = [(k, v) for k, v in (("json", so.json_), ("regex", so.regex), ("grammar", so.grammar),
+                                         ("choice", so.choice), ("json_object", so.json_object or None))
+                     if v is not None]
+            if len(given) != 1:
+                raise APIError(400, "structured_outputs: expected exactly one of json, regex, grammar, choice, "
+                                    "json_object", param="structured_outputs")
+            k, v = given[0]
+            if k == "choice":  # one of the strings, as a grammar of literals (JSON's escapes are Lark's)
+                v = {"grammar": "start: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in v)}
+            else:
+                v = {"json_schema": {"type": "object"} if k == "json_object" else v} if k.startswith("json") \
+                    else {k: v}
+            asks.append((f"structured_outputs.{k}", v))
+        if self.grammar is not None:
+            asks.append(("grammar", {"grammar": self.grammar}))
+        if len(asks) > 1:
+            raise APIError(400, f"{asks[0][0]} and {asks[1][0]}: give one constraint, not several", param=asks[1][0])
+        return asks[0] if asks else ("", {})
 
     @property
     def stops(self) -> tuple[str, ...]:
@@ -138,16 +204,11 @@ class Message(_Body):
         return {"role": "system" if self.role == "developer" else self.role, "content": text}
 
 
-class ResponseFormat(_Body):
-    type: Literal["text"]
-
-
 class ChatCompletionRequest(_Sampling):
     messages: Annotated[list[Message], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP)] | None = None
-    response_format: ResponseFormat | None = None
 
     @model_validator(mode="after")
     def _chat(self):
@@ -205,4 +266,5 @@ def _param(loc: tuple) -> str | None:
 
 # Names pydantic puts into error locations for the members of a union.
 _UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "function-after", "constrained-int", "constrained-float",
-               "constrained-list", "TextPart", "StreamOptions", "ResponseFormat"}
+               "constrained-list", "TextPart", "StreamOptions", "ResponseFormat", "JSONSchemaFormat",
+               "StructuredOutputs"}

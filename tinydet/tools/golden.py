@@ -14,12 +14,17 @@ from pathlib import Path
 from ..errors import TinydetError
 from ..formats.jsonfile import write_json
 
-SETTINGS = ("prompt", "dtype", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed")
+SETTINGS = ("prompt", "dtype", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "json_schema", "regex",
+            "grammar")
+# The structured-outputs case (where llguidance is installed): JSON every model can finish in a few tokens.
+STRUCTURED_SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                                      "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+                     "required": ["name", "age"], "additionalProperties": False}
 
 
 def default_cases(model_name: str, dtypes=("fp32", "fp16")) -> list[dict]:
     """The requests recorded for a model: greedy and seeded top-p sampling, in each of `dtypes` (fp32
-    and fp16; int8 too for a file with quantized matrices)."""
+    and fp16; int8 too for a file with quantized matrices), and one seeded request held to a JSON Schema."""
     if "stories" in model_name.lower():
         prompts, n = ["", "Once upon a time", "Lily and Ben went to the park."], 64
     else:
@@ -29,6 +34,11 @@ def default_cases(model_name: str, dtypes=("fp32", "fp16")) -> list[dict]:
         for p in prompts:
             cases.append(dict(prompt=p, dtype=dtype, max_tokens=n, temperature=0.0))
             cases.append(dict(prompt=p, dtype=dtype, max_tokens=n, temperature=0.8, top_p=0.95, seed=42))
+    from .verify import structured_available
+
+    if structured_available():
+        cases.append(dict(prompt=prompts[1], dtype="fp32", max_tokens=n, temperature=0.8, top_p=0.95, seed=42,
+                          json_schema=STRUCTURED_SCHEMA))
     if "stories" in model_name.lower():
         # The published llama2.c greedy text (256 tokens from BOS) pins this case to an outside reference.
         cases.insert(0, dict(prompt="", dtype="fp32", max_tokens=256, temperature=0.0))

@@ -81,6 +81,28 @@ def run_batch(model, prompt_ids, n_new, where: str, speculative=None):
     return g.token_ids, None, g.logits_hash
 
 
+# A constrained request (structured outputs): its own baseline, since the constraint changes the tokens.
+STRUCTURED_REGEX = "[a-z ,.]{1,400}"
+
+
+def run_structured(model, prompt_ids, n_new, where: str = "alone", step_tokens=None, speculative=None) -> str:
+    """A sampled request constrained by STRUCTURED_REGEX, alone or among others, prefilled whole or
+    `step_tokens` a step, with a drafter or not: its digest (ids and the masked logits rows)."""
+    target = model.request(list(prompt_ids), max_tokens=n_new, temperature=0.8, seed=1, regex=STRUCTURED_REGEX)
+    others = [model.request(p, max_tokens=n_new + 3 * i, temperature=0.8, seed=i) for i, p in enumerate(OTHER_PROMPTS)]
+    batch = [target] if where == "alone" else others[:1] + [target] + others[1:]
+    g = generate_batch(model.backend, model.tokenizer, batch, len(batch), step_tokens, speculative)[batch.index(target)]
+    return hashlib.sha256((g.output_hash + g.logits_hash).encode()).hexdigest()
+
+
+def structured_available() -> bool:
+    try:
+        import llguidance  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 # An AVX2-only x86-64 (Haswell's features, none of AVX-512): numba takes the host's features unless told
 # otherwise, so NUMBA_CPU_NAME alone would still compile AVX-512 code.
 AVX2_FEATURES = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fsgsbase,+fxsr,+lzcnt,+mmx,+movbe,"
@@ -170,6 +192,15 @@ def run_matrix(load, model_name, prompt_ids, n_new: int, dtypes=("fp32", "fp16",
                 n = len(tok)
                 same = tok == base_ids[:n] and lh == hash_logits(base_rows[:n])
                 cells.append(Cell(dtype, "speculative", f"{name}, {where}", _digest(base_ids, base_rows) if same else lh))
+        if structured_available():  # compared with their own baseline (below)
+            model.threads = 1
+            add("structured", "baseline: alone, 1 thread", lambda: (None, None, run_structured(model, ids, n_new)))
+            add("structured", "among others", lambda: (None, None, run_structured(model, ids, n_new, "among")))
+            model.threads = 3
+            add("structured", "3 threads, chunks of 7", lambda: (None, None, run_structured(model, ids, n_new, "alone", 7)))
+            model.threads = 1
+            add("structured", "ngram, among others",
+                lambda: (None, None, run_structured(model, ids, n_new, "among", None, NgramDrafter())))
         if reference is not None:
             ref = reference(dtype)
             add("backend", ref.backend.name, lambda: run_cached(ref, ids, n_new))
@@ -184,8 +215,10 @@ def run_matrix(load, model_name, prompt_ids, n_new: int, dtypes=("fp32", "fp16",
     baselines = {c.dtype: c.hash for c in cells if c.group == "baseline"}
     if "fp32" in baselines and "native" in baselines:
         baselines["native"] = baselines["fp32"]  # native storage computes fp32's bits
+    structured = {c.dtype: c.hash for c in cells if c.group == "structured" and c.variant.startswith("baseline")}
     for c in cells:
-        c.ok = c.hash is not None and c.hash == baselines[c.dtype]
+        want = structured[c.dtype] if c.group == "structured" else baselines[c.dtype]
+        c.ok = c.hash is not None and c.hash == want
     return cells
 
 
