@@ -2,9 +2,10 @@
 unconstrained, and the time of the mask (llguidance's token set, applied to the row) and of taking the
 token, per step, beside the forward pass.
 
-    python bench/structured.py [--model M] [--dtype fp32] [--threads 2] [--repeats 3] [--max-tokens 96] [--json]
+    python bench/structured.py [--model M] [--dtype fp32] [--threads 2] [--repeats 3] [--max-tokens 256] [--json]
 
-Requests: tests/schemas.py's schemas with their chat prompts, greedy. Decode tok/s is `Generation`'s
+Requests: tests/schemas.py's schemas with their chat prompts, greedy; each constrained output that ends
+(not cut by --max-tokens, which the table marks) must parse and validate against its schema. Decode tok/s is `Generation`'s
 (tokens after the first over the time after the first token). The two modes alternate within a round;
 medians over rounds. The mask and take times are measured inside the constrained runs by timing
 `structured.Matcher.mask` and `consume`; the forward pass per step is the rest of the decode time.
@@ -37,13 +38,23 @@ def _timed(name, fn):
     return wrapper
 
 
+def check(text: str, schema: dict) -> None:
+    """The output parses and, where `jsonschema` is installed (the test extra), validates."""
+    value = json.loads(text)
+    try:
+        import jsonschema
+    except ImportError:
+        return
+    jsonschema.validate(value, schema, format_checker=jsonschema.FormatChecker())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--dtype", default="fp32")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     model = tinydet.load(a.model, dtype=a.dtype, threads=a.threads)
@@ -54,7 +65,7 @@ def main() -> None:
     for name, schema in SCHEMAS.items():
         prompt = model.chat_prompt([{"role": "user", "content": PROMPTS[name]}])
         model.constraint(json_schema=schema)  # compiled once, as a server's cache holds it
-        plain, held, mask_us, take_us, fwd_ms, n_tok = [], [], [], [], [], []
+        plain, held, mask_us, take_us, fwd_ms, n_tok, finished = [], [], [], [], [], [], []
         for _ in range(a.repeats):
             g = model.generate(prompt, max_tokens=a.max_tokens)
             plain.append(g.tokens_per_second)
@@ -62,19 +73,22 @@ def main() -> None:
                 v.clear()
             g = model.generate(prompt, max_tokens=a.max_tokens, json_schema=schema)
             held.append(g.tokens_per_second)
+            finished.append(g.finish_reason == "stop")
+            if g.finish_reason == "stop":
+                check(g.text, schema)
             n = len(g.token_ids)
             steps = TIMES["mask"][1:]  # the first step's mask belongs to the prefill
             mask_us.append(1e6 * statistics.median(steps))
             take_us.append(1e6 * statistics.median(TIMES["consume"][1:]))
             fwd_ms.append(1e3 * (g.decode_seconds - sum(steps) - sum(TIMES["consume"][1:])) / max(n - 1, 1))
             n_tok.append(n)
-        row = dict(schema=name, tokens=int(statistics.median(n_tok)), plain_tok_s=statistics.median(plain),
+        row = dict(schema=name, tokens=int(statistics.median(n_tok)), complete=all(finished), plain_tok_s=statistics.median(plain),
                    schema_tok_s=statistics.median(held), mask_us=statistics.median(mask_us),
                    consume_us=statistics.median(take_us), forward_ms=statistics.median(fwd_ms))
         row["ratio"] = row["schema_tok_s"] / row["plain_tok_s"]
         rows.append(row)
         if not a.json:
-            print(f"{name:10s} {row['tokens']:4d} tok  plain {row['plain_tok_s']:6.1f}  schema {row['schema_tok_s']:6.1f} "
+            print(f"{name:10s} {row['tokens']:4d} tok{'' if row['complete'] else ' (cut)'}  plain {row['plain_tok_s']:6.1f}  schema {row['schema_tok_s']:6.1f} "
                   f"tok/s ({row['ratio']:.2f}x)  mask {row['mask_us']:6.1f} us  take {row['consume_us']:5.1f} us  "
                   f"forward {row['forward_ms']:.2f} ms per step", flush=True)
     if a.json:
