@@ -173,23 +173,31 @@ def _declare(builder, name, ret, args):
     return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, args), name)
 
 
+def _vnni(context) -> bool:
+    return target_has(context, "avx512vnni") and target_has(context, "avx512f")
+
+
+def _maddubs(builder, acc, a, b):
+    """vpmaddubsw over each 8-lane part of a and b: [(acc's part, the part's 16-bit pair sums)]."""
+    v32b, v16h = ir.VectorType(_I8, 32), ir.VectorType(_I16, 16)
+    fn = _declare(builder, "llvm.x86.avx2.pmadd.ub.sw", v16h, [v32b, v32b])
+    return [(s, builder.call(fn, [builder.bitcast(x, v32b), builder.bitcast(y, v32b)]))
+            for s, x, y in zip(*(_halves(builder, v, 8) for v in (acc, a, b)))]
+
+
 def _dot_ub_sb(context, builder, acc, a, b):
     """acc + per lane the sum of 4 products of a's unsigned bytes and b's signed bytes (module docstring)."""
-    if target_has(context, "avx512vnni") and target_has(context, "avx512f"):
+    if _vnni(context):
         v16 = ir.VectorType(_I32, 16)
         fn = _declare(builder, "llvm.x86.avx512.vpdpbusd.512", v16, [v16, v16, v16])
         parts = [builder.call(fn, [s, x, y]) for s, x, y in zip(*(_halves(builder, v, 16) for v in (acc, a, b)))]
         return _join(builder, parts)
     if target_has(context, "avx2"):
-        v8, v32b, v16h = ir.VectorType(_I32, 8), ir.VectorType(_I8, 32), ir.VectorType(_I16, 16)
-        maddubs = _declare(builder, "llvm.x86.avx2.pmadd.ub.sw", v16h, [v32b, v32b])
+        v8, v16h = ir.VectorType(_I32, 8), ir.VectorType(_I16, 16)
         maddwd = _declare(builder, "llvm.x86.avx2.pmadd.wd", v8, [v16h, v16h])
         ones = _splat(v16h, 1)
-        parts = []
-        for s, x, y in zip(*(_halves(builder, v, 8) for v in (acc, a, b))):
-            pairs = builder.call(maddubs, [builder.bitcast(x, v32b), builder.bitcast(y, v32b)])
-            parts.append(builder.add(s, builder.call(maddwd, [pairs, ones])))
-        return _join(builder, parts)
+        return _join(builder, [builder.add(s, builder.call(maddwd, [pairs, ones]))
+                               for s, pairs in _maddubs(builder, acc, a, b)])
     n = 4 * HALF
     vb, vw = ir.VectorType(_I8, n), ir.VectorType(_I32, n)
     prod = builder.mul(builder.zext(builder.bitcast(a, vb), vw), builder.sext(builder.bitcast(b, vb), vw))
@@ -200,7 +208,7 @@ def _dot_ub_sb(context, builder, acc, a, b):
 
 def _pairs16(context) -> bool:
     """Whether `iv_dot16` keeps vpmaddubsw's 16-bit pair sums (AVX2 without AVX-512 VNNI)."""
-    return target_has(context, "avx2") and not (target_has(context, "avx512vnni") and target_has(context, "avx512f"))
+    return target_has(context, "avx2") and not _vnni(context)
 
 
 def pairs16() -> bool:
@@ -228,13 +236,9 @@ def iv_dot16(typingctx, acc, a, b):
     def codegen(context, builder, sig, args):
         if not _pairs16(context):
             return _dot_ub_sb(context, builder, *args)
-        v32b, v16h = ir.VectorType(_I8, 32), ir.VectorType(_I16, 16)
-        maddubs = _declare(builder, "llvm.x86.avx2.pmadd.ub.sw", v16h, [v32b, v32b])
-        parts = []
-        for s, x, y in zip(*(_halves(builder, v, 8) for v in args)):
-            pairs = builder.call(maddubs, [builder.bitcast(x, v32b), builder.bitcast(y, v32b)])
-            parts.append(builder.bitcast(builder.add(builder.bitcast(s, v16h), pairs), s.type))
-        return _join(builder, parts)
+        v16h = ir.VectorType(_I16, 16)
+        return _join(builder, [builder.bitcast(builder.add(builder.bitcast(s, v16h), pairs), s.type)
+                               for s, pairs in _maddubs(builder, *args)])
 
     return _IV(acc, a, b), codegen
 
