@@ -216,6 +216,8 @@ def run_matrix(load, model_name, prompt_ids, n_new: int, dtypes=("fp32", "fp16",
     if "fp32" in baselines and "native" in baselines:
         baselines["native"] = baselines["fp32"]  # native storage computes fp32's bits
     structured = {c.dtype: c.hash for c in cells if c.group == "structured" and c.variant.startswith("baseline")}
+    if "fp32" in structured and "native" in structured:
+        structured["native"] = structured["fp32"]
     for c in cells:
         want = structured[c.dtype] if c.group == "structured" else baselines[c.dtype]
         c.ok = c.hash is not None and c.hash == want
