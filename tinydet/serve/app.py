@@ -88,7 +88,8 @@ class _App:
             try:
                 self.service.model.constraint(**constraint)
             except TinydetError as e:
-                raise APIError(400, f"{asker}: {e}", param=asker) from None
+                why = str(e).split(": ", 1)[1] if str(e).startswith(tuple(f"{k}: " for k in constraint)) else str(e)
+                raise APIError(400, f"{asker}: {why}", param=asker) from None
         return constraint
 
     def _jobs(self, req: HTTPRequest, body, prompts: list[tuple[str, list[int]]], max_tokens: int | None,
