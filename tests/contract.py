@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 import tinydet
+from tinydet.structured import available as structured_available
 from tinydet.tools.trace import diff_traces, run_trace, write_trace
-from tinydet.tools.verify import structured_available, numba_targets
+from tinydet.tools.verify import numba_targets
 
 # `verify`'s cells per dtype: 20 in its own process and 4 of structured outputs where llguidance is
 # installed (the test extra has it), plus one per other numba target this host can run and one with NumPy's

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import TinydetError
+from .tokenizer.spm import SPIECE_UNDERLINE
 
 KINDS = ("json_schema", "regex", "grammar")
 # Between JSON tokens: nothing, a space, or a newline and up to 20 spaces or tabs of indentation (as
@@ -32,6 +33,24 @@ KINDS = ("json_schema", "regex", "grammar")
 # max_tokens. A schema's own "x-guidance" options take precedence.
 JSON_DEFAULTS = {"whitespace_pattern": r"(\x20|\x0A[\x20\x09]{0,20})"}
 _CACHE_SIZE = 64  # compiled constraints kept, by (tokenizer, kind, source): a server sees the same schemas
+
+
+class ConstraintError(TinydetError):
+    """A constraint that cannot be used: "KIND: WHY"; `why` alone for a caller that names the field
+    itself (the server names the request's)."""
+
+    def __init__(self, kind: str, why: str):
+        super().__init__(f"{kind}: {why}")
+        self.why = why
+
+
+def available() -> bool:
+    """Whether llguidance (the structured extra) is installed."""
+    try:
+        import llguidance  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _llguidance():
@@ -65,8 +84,6 @@ class _Vocabulary:
         if not isinstance(text, str):
             raise TypeError("text")  # llguidance then passes str
         if self._tok._spm is not None:  # without the space prefix `encode` puts at the start
-            from .tokenizer.spm import SPIECE_UNDERLINE
-
             return self._tok._spm.encode(text.replace(" ", SPIECE_UNDERLINE))
         return self._tok.encode(text, add_special=False)
 
@@ -115,7 +132,7 @@ INT_LIMIT = 1 << 62  # llguidance 1.9 crashes the process on an integer near -2^
 def _check_integers(value, where: str) -> None:
     """Refuse integers a schema holds beyond +-INT_LIMIT, naming where."""
     if isinstance(value, int) and not isinstance(value, bool) and not -INT_LIMIT < value < INT_LIMIT:
-        raise TinydetError(f"json_schema: {value} at {where or 'the top'}: integers beyond +-2^62 are not supported")
+        raise ConstraintError("json_schema", f"{value} at {where or 'the top'}: integers beyond +-2^62 are not supported")
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for k, v in items:
         _check_integers(v, f"{where}[{k}]" if isinstance(k, int) else f"{where}.{k}" if where else k)
@@ -128,26 +145,26 @@ def _source(kind: str, value) -> str:
             try:
                 value = json.loads(value)
             except ValueError as e:
-                raise TinydetError(f"json_schema: not JSON ({e})") from None
+                raise ConstraintError("json_schema", f"not JSON ({e})") from None
             except RecursionError:
-                raise TinydetError("json_schema: not JSON (nested too deeply)") from None
+                raise ConstraintError("json_schema", "not JSON (nested too deeply)") from None
         if isinstance(value, bool):
             value = {} if value else {"not": {}}
         if not isinstance(value, dict):
-            raise TinydetError(f"json_schema: expected a JSON object (a schema), found {repr(value)[:40]}")
+            raise ConstraintError("json_schema", f"expected a JSON object (a schema), found {repr(value)[:40]}")
         try:
             _check_integers(value, "")
         except RecursionError:
-            raise TinydetError("json_schema: nested too deeply") from None
+            raise ConstraintError("json_schema", "nested too deeply") from None
         try:
             # keys in the schema's order: llguidance writes properties in that order
             return json.dumps(value, separators=(",", ":"), allow_nan=False)
         except (TypeError, ValueError) as e:
-            raise TinydetError(f"json_schema: not JSON-serializable ({e})") from None
+            raise ConstraintError("json_schema", f"not JSON-serializable ({e})") from None
         except RecursionError:
-            raise TinydetError("json_schema: nested too deeply") from None
+            raise ConstraintError("json_schema", "nested too deeply") from None
     if not isinstance(value, str):
-        raise TinydetError(f"{kind}: expected a string, found {repr(value)[:40]}")
+        raise ConstraintError(kind, f"expected a string, found {repr(value)[:40]}")
     return value
 
 
@@ -161,7 +178,7 @@ def _grammar(llg, kind: str, source: str) -> str:
         try:
             return llg.LLMatcher.grammar_from_json_schema(source, defaults=JSON_DEFAULTS)
         except ValueError as e:
-            raise TinydetError(f"json_schema: {_one_line(e)}") from None
+            raise ConstraintError("json_schema", _one_line(e)) from None
     if kind == "regex":
         return llg.LLMatcher.grammar_from_regex(source)
     if "::=" in source:  # GBNF, llama.cpp's grammar format
@@ -170,7 +187,7 @@ def _grammar(llg, kind: str, source: str) -> str:
         try:
             source = gbnf_to_lark(source)
         except Exception as e:  # noqa: BLE001 - the converter raises what its parser meets
-            raise TinydetError(f"grammar: not a valid GBNF grammar ({_one_line(e)})") from None
+            raise ConstraintError("grammar", f"not a valid GBNF grammar ({_one_line(e)})") from None
     return llg.LLMatcher.grammar_from_lark(source)
 
 
@@ -204,7 +221,7 @@ def constraint(tok, n_vocab: int, json_schema=None, regex=None, grammar=None) ->
     if not given:
         return None
     if len(given) > 1:
-        raise TinydetError(f"{' and '.join(k for k, _ in given)}: give one constraint, not several")
+        raise ConstraintError(" and ".join(k for k, _ in given), "give one constraint, not several")
     kind, value = given[0]
     source = _source(kind, value)
     llg = _llguidance()
@@ -216,7 +233,7 @@ def constraint(tok, n_vocab: int, json_schema=None, regex=None, grammar=None) ->
             return c
     m = llg.LLMatcher(cache.llt, _grammar(llg, kind, source), log_level=0)
     if m.is_error():
-        raise TinydetError(f"{kind}: {_one_line(m.get_error())}")
+        raise ConstraintError(kind, _one_line(m.get_error()))
     c = Constraint(kind, source, cache.n_bits, tuple(tok.eos_ids), m)
     with _LOCK:
         cache.constraints[(kind, source)] = c
@@ -230,14 +247,15 @@ class Matcher:
     constraint at -inf, `consume(tok)` the token chosen from it."""
 
     def __init__(self, m, n_bits: int, eos_ids: tuple):
+        import llguidance.numpy as lln
+
+        self._fill = lln.fill_next_token_bitmask
         self._m = m
         self._eos = list(eos_ids)
         self._bits = np.empty((n_bits + 31) // 32, np.int32)
 
     def mask(self, row: np.ndarray) -> np.ndarray:
-        import llguidance.numpy as lln
-
-        lln.fill_next_token_bitmask(self._m, self._bits.reshape(1, -1))
+        self._fill(self._m, self._bits.reshape(1, -1))
         allowed = np.unpackbits(self._bits.view(np.uint8), count=row.shape[0], bitorder="little").view(bool)
         if not allowed.any():  # a state nothing can follow (llguidance's error state): end the output
             allowed[self._eos] = True

@@ -83,21 +83,23 @@ class _App:
     def _constraint(self, body) -> dict:
         """The request's constraint as `Model.request` takes it, compiled now (then cached): a bad
         schema or grammar is a 400 naming its field before any other work."""
+        from ..structured import ConstraintError
+
         asker, constraint = body.constraint()
         if constraint:
             try:
                 self.service.model.constraint(**constraint)
-            except TinydetError as e:
-                why = str(e).split(": ", 1)[1] if str(e).startswith(tuple(f"{k}: " for k in constraint)) else str(e)
-                raise APIError(400, f"{asker}: {why}", param=asker) from None
+            except ConstraintError as e:
+                raise APIError(400, f"{asker}: {e.why}", param=asker) from None
+            except TinydetError as e:  # the structured extra is missing
+                raise APIError(400, f"{asker}: {e}", param=asker) from None
         return constraint
 
     def _jobs(self, req: HTTPRequest, body, prompts: list[tuple[str, list[int]]], max_tokens: int | None,
-              top: int | None, echo: bool, param: str) -> tuple[list[_Job], int]:
+              top: int | None, echo: bool, param: str, constraint: dict) -> tuple[list[_Job], int]:
         model, ctx = self.service.model, self.service.model.config.context_length
         seed = self._seed(req, body)
         temperature = 1.0 if body.temperature is None else body.temperature
-        constraint = self._constraint(body)
         jobs = []
         for p, (text, ids) in enumerate(prompts):
             if len(ids) >= ctx:
@@ -127,7 +129,7 @@ class _App:
     async def completions(self, req: HTTPRequest) -> Response:
         body: CompletionRequest = await self._body(req, CompletionRequest)
         model = self.service.model
-        self._constraint(body)
+        constraint = self._constraint(body)
         prompts = []
         for i, p in enumerate(body.prompts):
             where = "prompt" if len(body.prompts) == 1 else f"prompt[{i}]"
@@ -141,7 +143,7 @@ class _App:
                 raise APIError(400, f"{where}: {e}", param="prompt") from None
             prompts.append((text, ids))
         max_tokens = 16 if body.max_tokens is None else body.max_tokens  # OpenAI's default here
-        jobs, seed = self._jobs(req, body, prompts, max_tokens, body.logprobs, body.echo, "prompt")
+        jobs, seed = self._jobs(req, body, prompts, max_tokens, body.logprobs, body.echo, "prompt", constraint)
         rid, created = self._ids(req, "cmpl")
 
         chunks, final = self.answers.completion(body, rid, created)
@@ -152,14 +154,14 @@ class _App:
     async def chat_completions(self, req: HTTPRequest) -> Response:
         body: ChatCompletionRequest = await self._body(req, ChatCompletionRequest)
         model = self.service.model
-        self._constraint(body)
+        constraint = self._constraint(body)
         try:
             ids = model.chat_prompt([m.plain() for m in body.messages])
         except TinydetError as e:
             raise APIError(400, f"messages: {e}", param="messages") from None
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         top = (body.top_logprobs or 0) if body.logprobs else None
-        jobs, seed = self._jobs(req, body, [("", ids)], max_tokens, top, False, "messages")
+        jobs, seed = self._jobs(req, body, [("", ids)], max_tokens, top, False, "messages", constraint)
         rid, created = self._ids(req, "chatcmpl")
 
         chunks, final = self.answers.chat(body, rid, created)

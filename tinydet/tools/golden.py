@@ -34,9 +34,9 @@ def default_cases(model_name: str, dtypes=("fp32", "fp16")) -> list[dict]:
         for p in prompts:
             cases.append(dict(prompt=p, dtype=dtype, max_tokens=n, temperature=0.0))
             cases.append(dict(prompt=p, dtype=dtype, max_tokens=n, temperature=0.8, top_p=0.95, seed=42))
-    from .verify import structured_available
+    from .. import structured
 
-    if structured_available():
+    if structured.available():
         cases.append(dict(prompt=prompts[1], dtype="fp32", max_tokens=n, temperature=0.8, top_p=0.95, seed=42,
                           json_schema=STRUCTURED_SCHEMA))
     if "stories" in model_name.lower():

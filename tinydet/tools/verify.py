@@ -15,7 +15,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-
+from .. import structured
 from ..engine import generate_batch
 from ..engine.speculate import NgramDrafter, RandomDrafter
 from ..hashing import hash_ids, hash_logits
@@ -93,14 +93,6 @@ def run_structured(model, prompt_ids, n_new, where: str = "alone", step_tokens=N
     batch = [target] if where == "alone" else others[:1] + [target] + others[1:]
     g = generate_batch(model.backend, model.tokenizer, batch, len(batch), step_tokens, speculative)[batch.index(target)]
     return hashlib.sha256((g.output_hash + g.logits_hash).encode()).hexdigest()
-
-
-def structured_available() -> bool:
-    try:
-        import llguidance  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 # An AVX2-only x86-64 (Haswell's features, none of AVX-512): numba takes the host's features unless told
@@ -192,7 +184,7 @@ def run_matrix(load, model_name, prompt_ids, n_new: int, dtypes=("fp32", "fp16",
                 n = len(tok)
                 same = tok == base_ids[:n] and lh == hash_logits(base_rows[:n])
                 cells.append(Cell(dtype, "speculative", f"{name}, {where}", _digest(base_ids, base_rows) if same else lh))
-        if structured_available():  # compared with their own baseline (below)
+        if structured.available():  # compared with their own baseline (below)
             model.threads = 1
             add("structured", "baseline: alone, 1 thread", lambda: (None, None, run_structured(model, ids, n_new)))
             add("structured", "among others", lambda: (None, None, run_structured(model, ids, n_new, "among")))
@@ -212,15 +204,16 @@ def run_matrix(load, model_name, prompt_ids, n_new: int, dtypes=("fp32", "fp16",
                     progress(f"{dtype} {group} {variant}")
                 h, err = _subprocess_cell(model_name, dtype, ids, n_new, env)
                 cells.append(Cell(dtype, group, variant, h, note=err))
-    baselines = {c.dtype: c.hash for c in cells if c.group == "baseline"}
-    if "fp32" in baselines and "native" in baselines:
-        baselines["native"] = baselines["fp32"]  # native storage computes fp32's bits
-    structured = {c.dtype: c.hash for c in cells if c.group == "structured" and c.variant.startswith("baseline")}
-    if "fp32" in structured and "native" in structured:
-        structured["native"] = structured["fp32"]
+    # Each cell against its dtype's baseline: the plain workload's, or for structured cells the
+    # constrained request's own. Native storage computes fp32's bits, so it is held to fp32's.
+    kind = lambda c: c.group == "structured"  # noqa: E731
+    is_base = lambda c: c.group == "baseline" or (kind(c) and c.variant.startswith("baseline"))  # noqa: E731
+    baselines = {(c.dtype, kind(c)): c.hash for c in cells if is_base(c)}
+    for k in (False, True):
+        if ("fp32", k) in baselines and ("native", k) in baselines:
+            baselines[("native", k)] = baselines[("fp32", k)]
     for c in cells:
-        want = structured[c.dtype] if c.group == "structured" else baselines[c.dtype]
-        c.ok = c.hash is not None and c.hash == want
+        c.ok = c.hash is not None and c.hash == baselines[(c.dtype, kind(c))]
     return cells
 
 
