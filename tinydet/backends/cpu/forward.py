@@ -130,7 +130,8 @@ def forward(ids, pos, slot, rows, w, k_cache, v_cache, cos, sin, layer_rope, win
     pr = np.empty(rows.shape[0], np.int64)
     sr = np.empty(rows.shape[0], np.int64)
     for i in range(rows.shape[0]):
-        xr[i] = x[rows[i]]
+        for d in range(dim):  # by element: a row assignment compiles numba's shape-error path (2 s)
+            xr[i, d] = x[rows[i], d]
         pr[i] = pos[rows[i]]
         sr[i] = slot[rows[i]]
     hn = np.empty((rows.shape[0], dim), np.float32)

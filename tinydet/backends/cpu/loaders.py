@@ -155,17 +155,13 @@ def _gemv_at_impl(x, w, p0, n_out, out, u0, u1, c0):
                 put(out, 0, c0 + u * HALF, n_out, q_unit(x, w, p0 + u), HALF)
         return quantized
 
-    few, panel, half = tiles_for("few"), dot(1, LANES), dot(1, HALF)
+    panel, half = dot(1, LANES), dot(1, HALF)
 
-    def panels(x, w, p0, n_out, out, u0, u1, c0):
+    @njit(inline="always")
+    def one_row(x, w, p0, n_out, out, u0, u1, c0):
         # Two halves of one panel in the range run as one panel. Decode gives each thread an equal
         # run of units, so a panel count that does not split evenly is balanced by halving one panel.
-        # A few rows (`few_rows`) run half panels, several rows a pass.
         K = x.shape[1]
-        if x.shape[0] > 1:
-            for u in range(u0, u1):
-                few(x, 0, x.shape[0], w, (p0 + u // 2) * K * LANES + (u % 2) * HALF, c0 + u * HALF, n_out, out)
-            return
         u = u0
         while u < u1:
             p = u // 2
@@ -177,6 +173,19 @@ def _gemv_at_impl(x, w, p0, n_out, out, u0, u1, c0):
                 s = half(x, (0,), K, w, (p0 + p) * K * LANES + hoff)[0]
                 put(out, 0, c0 + p * LANES + hoff, n_out, s, HALF)
                 u += 1
+
+    if w.dtype != types.uint16:  # fp32 panels come here for one row only (`few_rows`)
+        return lambda x, w, p0, n_out, out, u0, u1, c0: one_row(x, w, p0, n_out, out, u0, u1, c0)
+    few = tiles_for("few")
+
+    def panels(x, w, p0, n_out, out, u0, u1, c0):
+        # A few rows (`few_rows`) run half panels, several rows a pass.
+        if x.shape[0] > 1:
+            K = x.shape[1]
+            for u in range(u0, u1):
+                few(x, 0, x.shape[0], w, (p0 + u // 2) * K * LANES + (u % 2) * HALF, c0 + u * HALF, n_out, out)
+            return
+        one_row(x, w, p0, n_out, out, u0, u1, c0)
     return panels
 
 

@@ -68,51 +68,78 @@ def _epilogue(out, ta, tb, n0, n1, n_out, mode, res, act, kind):
         glu_span(out, ta, tb, n_out // 2, act, n0, n1, kind)
 
 
-@njit(parallel=True, cache=True)
+# Each parallel loop's body is a function of its own, its indices int64: numba types a prange body
+# twice (in the function, then as its outlined loop, where the index is uint64), and compiled what the
+# body inlines both times, each type of index once more (the decode kernels of fp32: 44 s of 96).
+
+@njit(cache=True)
+def _quantize_rows(x, w, xa, th, nth):
+    T = x.shape[0]
+    act_rows(x, w, xa, th * T // nth, (th + 1) * T // nth)
+
+
+@njit(cache=True)
+def _units_job(x, xa, w, n_out, out, th, nth, parts, mode, res, act, kind):
+    U = units(w) // parts  # a GLU's unit u of the gate goes with unit U + u of the up part
+    u0 = th * U // nth
+    u1 = (th + 1) * U // nth
+    for part in range(parts):
+        gemv_units(xa, w, n_out, out, u0 + part * U, u1 + part * U)
+    _epilogue(out, np.int64(0), x.shape[0], u0 * HALF, u1 * HALF, n_out, mode, res, act, kind)
+
+
+@njit(cache=True)
+def _group_jobs(x, xa, w, n_out, out, th, nth, parts, mode, res, act, kind, wbuf):
+    T = x.shape[0]
+    G = groups(w) // parts
+    tile, chunk_tiles, min_tiles = tiling(w, T)
+    C = split_chunks(T, G, nth, tile, chunk_tiles, min_tiles)
+    # Where the G C jobs do not share out evenly, the last r groups are not chunked but split by
+    # rows, a part for each thread (each part converts the group again, once).
+    r = G % nth if (G * C) % nth else 0
+    per = (G - r) * C // nth
+    buf = wbuf[th, :x.shape[1] * LANES]  # this product's K (a lone last panel zeroes it all)
+    for j in range(per + r):
+        if j < per:
+            g = (th * per + j) // C
+            ta, tb = chunk_range(T, C, (th * per + j) % C, tile)
+        else:
+            g = G - r + j - per
+            ta, tb = chunk_range(T, nth, th, 1)
+        if ta < tb:
+            for part in range(parts):
+                prefill_group(xa, w, g + part * G, ta, tb, n_out, out, buf)
+            _epilogue(out, ta, tb, g * LANES, g * LANES + LANES, n_out, mode, res, act, kind)
+
+
+@njit(cache=True)
 def mm(x, w, n_out, out, nth, mode, res, act, kind, wbuf):
     """out[t, n] = sum_k x[t, k] W[n, k] for n < n_out, then the epilogue of `mode` (module docstring);
     `res` and `act` are its arrays (any float32 array where unused), `kind` the GLU's activation
     (ops.SILU or ops.GELU_TANH). x (T, K), out (T, >= n_out): C-contiguous float32; `w` a storage of
     loaders.py. `nth`, the thread count, only shapes the split of work. `wbuf`, from `scratch(nth,
     >= K)`, holds each thread's group of weights as float32. No checks (see `matmul`)."""
+    # mode and kind passed on as values, not constants: a storage type's product compiles once.
+    _mm(x, w, n_out, out, nth, np.int64(mode), res, act, np.int64(kind), wbuf)
+
+
+@njit(parallel=True, cache=True)
+def _mm(x, w, n_out, out, nth, mode, res, act, kind, wbuf):
     T = x.shape[0]
     parts = 2 if mode == MM_GLU else 1
     xa = act_alloc(x, w)  # the rows as the storage's products take them (x, or its 8-bit blocks)
     if quantizes(w):  # each row quantized once, a run of rows per thread (rows are independent)
         if T > 1:
             for th in prange(nth):
-                act_rows(x, w, xa, th * T // nth, (th + 1) * T // nth)
+                _quantize_rows(x, w, xa, np.int64(th), nth)
         else:
             act_rows(x, w, xa, 0, T)
     if T == 1 or few_rows(w, T):
-        U = units(w) // parts  # a GLU's unit u of the gate goes with unit U + u of the up part
         for th in prange(nth):
-            u0 = th * U // nth
-            u1 = (th + 1) * U // nth
-            for part in range(parts):
-                gemv_units(xa, w, n_out, out, u0 + part * U, u1 + part * U)
-            _epilogue(out, 0, T, u0 * HALF, u1 * HALF, n_out, mode, res, act, kind)
+            _units_job(x, xa, w, n_out, out, np.int64(th), nth, parts, mode, res, act, kind)
     else:
-        G = groups(w) // parts
-        tile, chunk_tiles, min_tiles = tiling(w, T)
-        C = split_chunks(T, G, nth, tile, chunk_tiles, min_tiles)
-        # Where the G C jobs do not share out evenly, the last r groups are not chunked but split by
-        # rows, a part for each thread (each part converts the group again, once).
-        r = G % nth if (G * C) % nth else 0
-        per = (G - r) * C // nth
         for th in prange(nth):
-            buf = wbuf[th, :x.shape[1] * LANES]  # this product's K (a lone last panel zeroes it all)
-            for j in range(per + r):
-                if j < per:
-                    g = (th * per + j) // C
-                    ta, tb = chunk_range(T, C, (th * per + j) % C, tile)
-                else:
-                    g = G - r + j - per
-                    ta, tb = chunk_range(T, nth, th, 1)
-                if ta < tb:
-                    for part in range(parts):
-                        prefill_group(xa, w, g + part * G, ta, tb, n_out, out, buf)
-                    _epilogue(out, ta, tb, g * LANES, g * LANES + LANES, n_out, mode, res, act, kind)
+            _group_jobs(x, xa, w, n_out, out, np.int64(th), nth, parts, mode, res, act, kind, wbuf)
 
 
 @njit(cache=True)

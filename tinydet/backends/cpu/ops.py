@@ -96,7 +96,7 @@ def _head_norm(qkv, t, base, head_dim, w, eps):
             qkv[t, base + d] = (qkv[t, base + d] * inv) * w[d]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _rope_row(qkv, t, q_dim, kv_dim, head_dim, cos, sin, pos, slot, k_cache, v_cache, q_out, qn, kn, eps):
     half = head_dim // 2
     n_q = q_dim // head_dim
@@ -132,8 +132,8 @@ def _rope_row(qkv, t, q_dim, kv_dim, head_dim, cos, sin, pos, slot, k_cache, v_c
 
 @njit(parallel=True, cache=True)
 def _rope_rows(qkv, q_dim, kv_dim, head_dim, cos, sin, pos, slot, k_cache, v_cache, q_out, qn, kn, eps):
-    for t in prange(qkv.shape[0]):
-        _rope_row(qkv, t, q_dim, kv_dim, head_dim, cos, sin, pos, slot, k_cache, v_cache, q_out, qn, kn, eps)
+    for t in prange(qkv.shape[0]):  # t as int64: the outlined loop's index is uint64 (one compile)
+        _rope_row(qkv, np.int64(t), q_dim, kv_dim, head_dim, cos, sin, pos, slot, k_cache, v_cache, q_out, qn, kn, eps)
 
 
 @njit(cache=True)
@@ -142,7 +142,7 @@ def rope_store(qkv, q_dim, kv_dim, head_dim, cos, sin, pos, slot, k_cache, v_cac
     are given (empty arrays: none), rotate q and k (HF's half-split layout: pairs (i, i + hd/2)),
     write q to q_out and k, v into the layer's cache, rounded there once if the cache is fp16."""
     if qkv.shape[0] == 1:
-        _rope_row(qkv, 0, q_dim, kv_dim, head_dim, cos, sin, pos, slot, k_cache, v_cache, q_out, qn, kn, eps)
+        _rope_row(qkv, np.int64(0), q_dim, kv_dim, head_dim, cos, sin, pos, slot, k_cache, v_cache, q_out, qn, kn, eps)
     else:
         _rope_rows(qkv, q_dim, kv_dim, head_dim, cos, sin, pos, slot, k_cache, v_cache, q_out, qn, kn, eps)
 
@@ -269,26 +269,36 @@ def attention(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, sca
     group = n_heads // n_kv_heads
     cw, U = chunking(T, n_heads, n_kv_heads, head_dim, nth) if _GROUPED else (1, group)
     per_row = n_kv_heads * U
-    for job in prange(T * per_row):
-        # rows taken from both ends in turn (0, T-1, 1, T-2, ...): in a prompt, later rows attend to
-        # more positions, and this keeps contiguous runs of jobs equally costly
-        i = job // per_row
-        t = i // 2 if i % 2 == 0 else T - 1 - i // 2
-        g = job % per_row // U
-        u = job % U
-        full = group // cw
-        if u < full and cw > 1:
-            scores = np.empty(cw * cap, np.float32)
-            if cw == 4:
-                attend4(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, window, out, t,
-                        g * group + 4 * u, scores)
-            else:
-                attend2(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, window, out, t,
-                        g * group + 2 * u, scores)
+    for job in prange(T * per_row):  # job as int64: the outlined loop's index is uint64
+        _attention_job(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, window, out,
+                       np.int64(job), T, per_row, U, cw, cap)
+
+
+@njit(cache=True)
+def _attention_job(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, window, out,
+                   job, T, per_row, U, cw, cap):
+    # A function of its own, called from attention's parallel loop: numba types a prange body twice
+    # (in the function, then as its outlined loop), and compiled what the body inlines both times.
+    # Rows are taken from both ends in turn (0, T-1, 1, T-2, ...): in a prompt, later rows attend to
+    # more positions, and this keeps contiguous runs of jobs equally costly.
+    group = n_heads // n_kv_heads
+    i = job // per_row
+    t = i // 2 if i % 2 == 0 else T - 1 - i // 2
+    g = job % per_row // U
+    u = job % U
+    full = group // cw
+    if u < full and cw > 1:
+        scores = np.empty(cw * cap, np.float32)
+        if cw == 4:
+            attend4(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, window, out, t,
+                    g * group + 4 * u, scores)
         else:
-            scores = np.empty(cap, np.float32)
-            h = g * group + (u if cw == 1 else full * cw + u - full)
-            _attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, window, out, t, h, scores)
+            attend2(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, window, out, t,
+                    g * group + 2 * u, scores)
+    else:
+        scores = np.empty(cap, np.float32)
+        h = g * group + (u if cw == 1 else full * cw + u - full)
+        _attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, window, out, t, h, scores)
 
 
 @njit(cache=True)
@@ -342,10 +352,10 @@ def glu_rows(gu, ffn_dim, act, kind):
     """glu_span over every row, a row per thread; one row runs on the calling thread."""
     T = gu.shape[0]
     if T == 1:
-        glu_span(gu, 0, 1, ffn_dim, act, 0, ffn_dim, kind)
+        glu_span(gu, np.int64(0), np.int64(1), ffn_dim, act, np.int64(0), ffn_dim, kind)
     else:
         for t in prange(T):
-            glu_span(gu, t, t + 1, ffn_dim, act, 0, ffn_dim, kind)
+            glu_span(gu, np.int64(t), np.int64(t + 1), ffn_dim, act, np.int64(0), ffn_dim, kind)
 
 
 # ---------------------------------------------------------------------------------------------------
