@@ -11,6 +11,7 @@ import pytest
 
 from tinydet.errors import ContextLengthError, TinydetError
 from tinydet.hashing import hash_logits
+from tinydet.logprobs import token_logprobs
 
 REQUESTS = [
     dict(prompt="", max_tokens=30),
@@ -225,6 +226,69 @@ def test_prompt_logits_rows_equal_a_full_pass(stories_models):
         assert np.array_equal(np.concatenate(rows), full[:-1])
         assert same(h.result, model.generate(r.prompt_ids, max_tokens=8))
         assert other.result.finish_reason == "length"
+
+
+def _scores(h) -> list:
+    return [e for ev in h.events(timeout=1) if ev.prompt_scores is not None for e in ev.prompt_scores]
+
+
+@pytest.mark.parametrize("step_tokens", [None, 5])
+def test_prompt_scores_from_the_prefix_cache_equal_a_full_pass(stories_models, step_tokens):
+    """Echo scoring (`prompt_logprobs`) keeps each prompt token's log-probability and alternatives with
+    its block in the prefix cache: a request scoring a context scored before computes only what follows
+    the cached blocks (and their last position again), and gets the bits of one full causal pass,
+    alone or among other requests, whatever number of alternatives the earlier request asked for."""
+    model = stories_models["fp32"]
+    ctx = LONG * 3
+    engine = model.engine(max_batch=3, step_tokens=step_tokens, prefix_cache_bytes=64 << 20)
+
+    def run(r):
+        before = engine.stats["prompt_tokens_computed"]
+        h = engine.submit(r)
+        engine.run()
+        full = model.logits(r.prompt_ids)
+        expected = [(t, *token_logprobs(full[i], t, r.prompt_logprobs)) for i, t in enumerate(r.prompt_ids[1:])]
+        assert _scores(h) == expected
+        assert same(h.result, model.generate(r.prompt_ids, max_tokens=r.max_tokens))
+        assert engine.stats["prompt_tokens_computed"] - before == len(r.prompt_ids) - h.result.cached_tokens
+        return h.result.cached_tokens
+
+    # Blocks kept by a plain request have no scores: the first scoring request computes every row, and
+    # its blocks take them.
+    engine.submit(model.request(ctx + "Tom", max_tokens=3))
+    engine.run()
+    assert len(engine.prefix) >= 2
+    assert run(model.request(ctx + "Lily", max_tokens=3, prompt_logprobs=5)) == 0
+    # Warm: the context's blocks and their scores from the cache, two alternatives of the five kept.
+    blocks = (len(model.tokenize(ctx)) // 64) * 64
+    assert run(model.request(ctx + "Tom went", max_tokens=4, prompt_logprobs=2)) == blocks - 1
+    assert run(model.request(ctx + "The", max_tokens=2, prompt_logprobs=0)) == blocks - 1
+    # Among other requests (decoding and prefilling beside it): the same bits.
+    others = [engine.submit(model.request(**q)) for q in REQUESTS[1:4]]
+    r = model.request(ctx + "Tom went", max_tokens=4, prompt_logprobs=2)
+    h = engine.submit(r)
+    engine.run()
+    full = model.logits(r.prompt_ids)
+    assert _scores(h) == [(t, *token_logprobs(full[i], t, 2)) for i, t in enumerate(r.prompt_ids[1:])]
+    assert h.result.cached_tokens == blocks - 1 and all(o.result.finish_reason for o in others)
+
+
+def test_prompt_scores_count_in_the_prefix_cache_bytes(stories_models):
+    """Scores kept with blocks count toward the cache's bytes, which it never exceeds."""
+    model = stories_models["fp32"]
+    block_bytes = sum(a.nbytes for a in model.backend.new_cache(64).read_block(0, 0))
+    engine = model.engine(max_batch=1, prefix_cache_bytes=4 * block_bytes)
+    engine.submit(model.request(LONG * 3, max_tokens=2))
+    engine.run()
+    plain = engine.prefix.nbytes
+    engine.submit(model.request(LONG * 3, max_tokens=2, prompt_logprobs=1))
+    engine.run()
+    assert engine.prefix.nbytes > plain
+    for i in range(4):
+        engine.submit(model.request(f"{i} " + LONG * 3, max_tokens=2, prompt_logprobs=1))
+        engine.run()
+        assert engine.prefix.nbytes <= 4 * block_bytes
+    assert engine.prefix.evictions > 0
 
 
 def test_one_requests_failure_leaves_the_others_running(stories_models, solo):

@@ -321,6 +321,30 @@ def test_prefix_cache_same_bits_less_prefill(stories, stories_server):
     assert metric(url, "tinydet_prefix_cache_hits_total") >= 1
 
 
+def test_echo_scores_of_a_shared_context_come_from_the_prefix_cache(stories):
+    """Multiple choice as lm-eval sends it: one context, several continuations, each scored with echo.
+    After the first, each request takes the context's blocks and their scores from the prefix cache
+    (cached_tokens), and every response is the one a server with no prefix cache gives, whether the
+    requests come one at a time or all at once."""
+    context = "Once upon a time there was a little girl named Lily. She loved to play outside in the park. " * 3
+    choices = [" She ran home.", " The dog barked at the cat.", " It rained.", " Tom laughed and laughed."]
+
+    def ask(url, prompt):
+        r = client(url).completions.create(model=NAME, prompt=prompt, max_tokens=0, temperature=0, echo=True,
+                                           logprobs=2)
+        return r.choices[0].logprobs.model_dump(), r.usage.prompt_tokens_details.cached_tokens
+
+    with serving(stories, max_batch=4, prefix_cache_bytes=0) as (url, _):
+        cold = [ask(url, context + c)[0] for c in choices]
+    with serving(stories, max_batch=4, prefill_chunk=16) as (url, _):
+        one_by_one = [ask(url, context + c) for c in choices]
+        with ThreadPoolExecutor(4) as pool:
+            together = list(pool.map(lambda c: ask(url, context + c), choices))
+    assert [lp for lp, _ in one_by_one] == cold and [lp for lp, _ in together] == cold
+    assert one_by_one[0][1] == 0
+    assert all(cached >= 63 for _, cached in one_by_one[1:] + together)
+
+
 def test_disconnect_mid_stream_frees_the_slot(stories, stories_server):
     url, service = stories_server
     body = dict(model=NAME, prompt="Once upon a time", max_tokens=400, temperature=0, stream=True)

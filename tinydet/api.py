@@ -136,11 +136,15 @@ class Model:
     def request(self, prompt: str | Sequence[int] = "", max_tokens: int = 256, temperature: float = 0.0,
                 top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int = 0,
                 stop: Sequence[str] | None = None, logits: bool = False, prompt_logits: bool = False,
-                json_schema=None, regex: str | None = None, grammar: str | None = None) -> Request:
+                json_schema=None, regex: str | None = None, grammar: str | None = None,
+                prompt_logprobs: int | None = None) -> Request:
         """An engine `Request` with generate()'s settings (`logits`: events carry their logits rows;
-        `prompt_logits`: also the rows predicting the prompt's tokens)."""
+        `prompt_logits`: also the rows predicting the prompt's tokens; `prompt_logprobs`: each prompt
+        token's log-probability and that many alternatives, reused from the prefix cache where it has
+        them)."""
         return Request(self.prompt_ids(prompt), self._params(temperature, top_k, top_p, min_p, seed), max_tokens,
-                       check_stop(stop), logits, prompt_logits, self.constraint(json_schema, regex, grammar))
+                       check_stop(stop), logits, prompt_logits, self.constraint(json_schema, regex, grammar),
+                       prompt_logprobs)
 
     def constraint(self, json_schema=None, regex: str | None = None, grammar: str | None = None):
         """The compiled constraint (`structured.py`) of at most one of a JSON Schema (a dict or JSON text;

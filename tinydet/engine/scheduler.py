@@ -23,7 +23,8 @@ from typing import Callable, Iterator
 
 from ..backends import Backend
 from ..errors import TinydetError
-from .prefix import PrefixCache
+from ..logprobs import token_logprobs
+from .prefix import SCORED_TOP, PrefixCache
 from .sequence import Event, Generation, Request, SequenceState, check_request
 from .speculate import make_drafter
 
@@ -89,7 +90,7 @@ class Handle:
 
 
 class _Running:
-    __slots__ = ("handle", "state", "slot", "fed", "cached", "t_submit", "t_admit", "t_first", "draft", "k")
+    __slots__ = ("handle", "state", "slot", "fed", "cached", "t_submit", "t_admit", "t_first", "draft", "k", "scores")
 
     def __init__(self, handle: Handle, state: SequenceState, slot: int, t_submit: float, cached: int, k=None):
         self.handle, self.state, self.slot = handle, state, slot
@@ -97,6 +98,7 @@ class _Running:
         self.t_submit, self.t_admit, self.t_first = t_submit, time.perf_counter(), None
         self.draft: list[int] = []  # the tokens proposed after the last one in this step's pass
         self.k = k  # the drafter's DraftLength, or None
+        self.scores: list | None = None  # with prompt_logprobs: (logprob, alternatives) of prompt tokens 1, 2, ...
 
 
 class Engine:
@@ -242,11 +244,18 @@ class Engine:
                 slot = self._free.pop()
                 self.cache.reset(slot)
                 # At least the prompt's last token is computed: its logits row picks the first token.
-                cached = 0 if r.prompt_logits else self.prefix.load(self.cache, slot, r.prompt_ids,
-                                                                      len(r.prompt_ids) - 1)
+                scored = r.prompt_logprobs is not None
+                cached, scores = (0, []) if r.prompt_logits else self.prefix.load(
+                    self.cache, slot, r.prompt_ids, len(r.prompt_ids) - 1, scored)
+                if scored and cached:  # the last cached position runs again: its row scores the next token
+                    cached -= 1
                 self.cache.lengths[slot] = cached
-                self._running[slot] = _Running(h, self._state(r), slot, t_submit, cached,
-                                               self.drafter.length() if self.drafter else None)
+                seq = self._running[slot] = _Running(h, self._state(r), slot, t_submit, cached,
+                                                     self.drafter.length() if self.drafter else None)
+                if scored:
+                    seq.scores = scores[1:]
+                    if seq.scores:
+                        self._emit(h, events, Event(h.id, "", None, prompt_scores=self._scored(r, 1, seq.scores)))
         if not self._running:
             return events
         # Decoding sequences take one token each; prompts share what is left of the budget, in the
@@ -266,7 +275,8 @@ class Engine:
                 break
             rest = len(s.state.prompt_ids) - s.fed
             n = rest if budget is None else min(rest, budget)
-            want = "all" if s.handle.request.prompt_logits else "last" if n == rest else "none"
+            r = s.handle.request
+            want = "all" if r.prompt_logits or r.prompt_logprobs is not None else "last" if n == rest else "none"
             items.append((s.slot, s.state.prompt_ids[s.fed:s.fed + n], want))
             seqs.append(s)
             s.fed += n
@@ -316,20 +326,34 @@ class Engine:
             self._accept(s, rows, events)
             return
         done = not s.state.ids and s.fed == len(s.state.prompt_ids)  # the pass that ended the prompt
-        if s.handle.request.prompt_logits and not s.state.ids:
+        r = s.handle.request
+        if (r.prompt_logits or s.scores is not None) and not s.state.ids:
             # Each row predicts the next prompt token, except the prompt's last, which picks the first new one.
             predicting = rows[:-1] if done else rows
             if predicting.shape[0]:
+                ev = Event(s.handle.id, "", None, prompt_rows=predicting if r.prompt_logits else None)
+                if s.scores is not None:
+                    first = len(s.scores) + 1
+                    new = [token_logprobs(row, r.prompt_ids[first + i], SCORED_TOP) for i, row in enumerate(predicting)]
+                    s.scores += new
+                    ev.prompt_scores = self._scored(r, first, new)
                 with self._lock:
-                    self._emit(s.handle, events, Event(s.handle.id, "", None, prompt_rows=predicting))
+                    self._emit(s.handle, events, ev)
             if not done:
                 return
         tok, row = s.state.choose(rows[-1])
         if s.t_first is None:
             s.t_first = time.perf_counter()
         if done:
-            self.prefix.store(self.cache, s.slot, s.state.prompt_ids, len(s.state.prompt_ids))
+            self.prefix.store(self.cache, s.slot, s.state.prompt_ids, len(s.state.prompt_ids),
+                              None if s.scores is None else [None] + s.scores)
         self._take(s, tok, row, events)
+
+    @staticmethod
+    def _scored(r: Request, first: int, scores: list) -> list:
+        """(token, logprob, the request's number of alternatives) of prompt tokens first, first + 1, ..."""
+        k = r.prompt_logprobs
+        return [(r.prompt_ids[first + i], lp, alts[:k]) for i, (lp, alts) in enumerate(scores)]
 
     def _take(self, s: _Running, tok: int, row, events: list[Event]) -> bool:
         """Push the sequence's token chosen from `row` and deliver its event; True if it finished."""

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import ContextLengthError, TinydetError
 from ..hashing import hash_ids
+from ..logprobs import MAX_TOP
 from ..sampling import SamplingParams, check_int, sample
 
 FINISH_REASONS = ("stop", "length", "cancelled")
@@ -27,8 +28,11 @@ class Request:
     max_tokens: int = 256
     stop: Sequence[str] = ()
     logits: bool = False
-    prompt_logits: bool = False  # also the rows that predict the prompt's own tokens (echo logprobs)
+    prompt_logits: bool = False  # also the rows that predict the prompt's own tokens
     constraint: object = None  # a `structured.Constraint` every token keeps to, or None
+    # Also each prompt token's score (echo logprobs): (token, log p, this many alternatives) for tokens
+    # 1, 2, ..., from the prefix cache where it kept them. None: not scored.
+    prompt_logprobs: int | None = None
 
 
 @dataclass
@@ -36,7 +40,8 @@ class Event:
     """What one step produced for one request: the text it completed (maybe empty), its token, the
     logits row that chose it (when the request asked), and on the last event the finish reason and
     the request's result. A request with `prompt_logits` also gets events with no token whose
-    `prompt_rows` are the rows predicting its prompt tokens 1, 2, ... in order, a chunk at a time."""
+    `prompt_rows` are the rows predicting its prompt tokens 1, 2, ... in order, a chunk at a time; one
+    with `prompt_logprobs` gets `prompt_scores`, those tokens' (token, logprob, alternatives)."""
 
     request_id: int
     text: str
@@ -45,6 +50,7 @@ class Event:
     finish_reason: str | None = None
     result: "Generation | None" = None
     prompt_rows: np.ndarray | None = None
+    prompt_scores: list | None = None
 
 
 @dataclass
@@ -112,6 +118,8 @@ def check_request(r: Request, context_length: int, where: str = "") -> None:
         raise TinydetError(f"{where}prompt: no tokens to start from")
     check_int(f"{where}max_tokens", r.max_tokens, 1, what="an integer >= 1")
     check_stop(r.stop, f"{where}stop")
+    if r.prompt_logprobs is not None:
+        check_int(f"{where}prompt_logprobs", r.prompt_logprobs, 0, MAX_TOP + 1, f"0 to {MAX_TOP}")
     check_context(len(r.prompt_ids), r.max_tokens, context_length)
 
 

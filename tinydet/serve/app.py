@@ -116,7 +116,7 @@ class _App:
                     r = model.request(ids, max(n_new, 1), temperature, body.top_k or 0,
                                       1.0 if body.top_p is None else body.top_p, body.min_p or 0.0,
                                       (seed + i) % (1 << 64), body.stops, logits=top is not None,
-                                      prompt_logits=echo and top is not None, **constraint)
+                                      prompt_logprobs=top if echo and top is not None else None, **constraint)
                 except ContextLengthError as e:
                     raise APIError(400, str(e), param=param, code="context_length_exceeded") from None
                 except TinydetError as e:

@@ -46,7 +46,6 @@ class _Listener:
     def __init__(self, runner: Runner, job: _Job, queue: asyncio.Queue, loop, t_arrival: float):
         self.runner, self.job, self.queue, self.loop = runner, job, queue, loop
         self.t_arrival, self.t_prev = t_arrival, None
-        self.next_prompt = 1  # the prompt token the next prompt row predicts
 
     def __call__(self, handle, ev) -> None:
         try:
@@ -60,13 +59,8 @@ class _Listener:
         job, m = self.job, self.runner.service.metrics
         if ev is None:
             msg = ("error", job.index, handle.error)
-        elif ev.prompt_rows is not None:
-            ids, out = job.request.prompt_ids, []
-            for row in ev.prompt_rows:
-                tok = ids[self.next_prompt]
-                out.append((tok, *token_logprobs(row, tok, job.top or 0)))
-                self.next_prompt += 1
-            msg = ("prompt", job.index, out)
+        elif ev.prompt_scores is not None:
+            msg = ("prompt", job.index, ev.prompt_scores)
         else:
             now = time.perf_counter()
             if ev.token is not None:
