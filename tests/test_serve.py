@@ -445,6 +445,30 @@ def test_models_and_oversized_bodies(stories_server):
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
 
 
+def test_tokenizer_routes(stories_server, stories):
+    """vLLM's /tokenize, /detokenize and /tokenizer_info (lm-evaluation-harness's remote tokenizer):
+    the model's own tokenizer, and bad input as a 4xx naming the field."""
+    url, _ = stories_server
+    text = "Once upon a time</s>"
+    for special in (False, True):
+        r = httpx.post(f"{url}/tokenize", json={"prompt": text, "add_special_tokens": special}).json()
+        assert r["tokens"] == stories.tokenize(text, add_special=special) and r["count"] == len(r["tokens"])
+        assert r["max_model_len"] == stories.config.context_length
+    assert r["tokens"][-1] == stories.tokenizer.eos_ids[0]  # a special token written in the text
+    ids = stories.tokenize("Lily and Ben", add_special=False)
+    assert httpx.post(f"{url}/detokenize", json={"model": NAME, "tokens": ids}).json() == {"prompt": "Lily and Ben"}
+    info = httpx.get(f"{url}/tokenizer_info").json()
+    assert (info["bos_token"], info["eos_token"]) == ("<s>", "</s>")
+    for path, body, status, param in [("/tokenize", {"prompt": 7}, 400, "prompt"),
+                                      ("/tokenize", {}, 400, "prompt"),
+                                      ("/tokenize", {"prompt": "x", "model": "other"}, 404, "model"),
+                                      ("/detokenize", {"tokens": [1, 99999]}, 400, "tokens"),
+                                      ("/detokenize", {"tokens": [-1]}, 400, "tokens[0]"),
+                                      ("/detokenize", {"tokens": "1 2"}, 400, "tokens")]:
+        r = httpx.post(f"{url}{path}", json=body)
+        assert r.status_code == status and r.json()["error"]["param"] == param, (path, body, r.text)
+
+
 def test_api_key(stories):
     with serving(stories, api_key="s3cret") as (url, _):
         for headers in ({}, {"Authorization": "Bearer wrong"}):
@@ -453,6 +477,7 @@ def test_api_key(stories):
         with pytest.raises(openai.AuthenticationError):
             client(url, api_key="wrong").models.list()
         assert [m.id for m in client(url, api_key="s3cret").models.list()] == [NAME]
+        assert httpx.post(f"{url}/tokenize", json={"prompt": "x"}).status_code == 401
         assert httpx.get(f"{url}/health").status_code == 200  # health and metrics stay open
 
 

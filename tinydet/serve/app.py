@@ -19,7 +19,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..errors import ContextLengthError, TinydetError
-from .protocol import APIError, ChatCompletionRequest, CompletionRequest, _json, parse, read_body
+from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, _json,
+                       parse, read_body)
 from .responses import Answers
 from .service import Service
 from .streaming import Runner, _Job
@@ -51,14 +52,17 @@ class _App:
         self.service.check_ready()
         body = parse(cls, await read_body(req))
         req.state.log.update(model=body.model, stream=body.stream, n=body.n)
-        if body.model != self.service.name:
-            raise APIError(404, f"model: {body.model!r} is not served here (this server serves "
-                                f"{self.service.name!r}; see /v1/models)", param="model", code="model_not_found")
+        self._model(body.model)
         fp = self.service.fingerprint
         if body.system_fingerprint is not None and body.system_fingerprint != fp:
             raise APIError(409, f"system_fingerprint: the request expects {body.system_fingerprint} but this "
                                 f"server computes {fp}", param="system_fingerprint", code="fingerprint_mismatch")
         return body
+
+    def _model(self, name: str) -> None:
+        if name != self.service.name:
+            raise APIError(404, f"model: {name!r} is not served here (this server serves "
+                                f"{self.service.name!r}; see /v1/models)", param="model", code="model_not_found")
 
     @staticmethod
     def _pinned(req: HTTPRequest) -> dict:
@@ -180,6 +184,44 @@ class _App:
             raise APIError(404, f"model: {name!r} is not served here", param="model", code="model_not_found")
         return _json(self.answers.card())
 
+    # -- the tokenizer (vLLM's routes: lm-evaluation-harness tokenizes with the server's own) -------
+
+    async def _tokenizer_body(self, req: HTTPRequest, cls):
+        self._auth(req)
+        self.service.check_ready()
+        body = parse(cls, await read_body(req))
+        if body.model is not None:
+            self._model(body.model)
+        return body
+
+    async def tokenize(self, req: HTTPRequest) -> Response:
+        body = await self._tokenizer_body(req, TokenizeRequest)
+        model = self.service.model
+        try:
+            ids = model.tokenize(body.prompt, add_special=body.add_special_tokens)
+        except TinydetError as e:
+            raise APIError(400, f"prompt: {e}", param="prompt") from None
+        return _json({"count": len(ids), "max_model_len": model.config.context_length, "tokens": ids})
+
+    async def detokenize(self, req: HTTPRequest) -> Response:
+        body = await self._tokenizer_body(req, DetokenizeRequest)
+        try:
+            text = self.service.model.detokenize(body.tokens)
+        except TinydetError as e:
+            raise APIError(400, str(e).replace("ids: ", "tokens: ", 1), param="tokens") from None
+        return _json({"prompt": text})
+
+    async def tokenizer_info(self, req: HTTPRequest) -> Response:
+        self._auth(req)
+        self.service.check_ready()
+        model = self.service.model
+        tok = model.tokenizer
+        name = lambda i: None if i is None else tok.id_to_token(i)  # noqa: E731
+        return _json({"tokenizer_class": "tinydet", "bos_token": name(tok.bos_id),
+                      "eos_token": name(tok.eos_ids[0] if tok.eos_ids else None), "pad_token": None,
+                      "add_bos_token": tok.add_bos, "chat_template": tok.chat_template,
+                      "model_max_length": model.config.context_length, "vocab_size": model.config.vocab_size})
+
     async def health(self, req: HTTPRequest) -> Response:
         s = self.service
         if s.state == "ready":
@@ -266,6 +308,9 @@ def create_app(service: Service) -> Starlette:
         Route("/v1/models/{name:path}", a.model, methods=["GET"]),
         Route("/v1/completions", a.completions, methods=["POST"]),
         Route("/v1/chat/completions", a.chat_completions, methods=["POST"]),
+        Route("/tokenize", a.tokenize, methods=["POST"]),
+        Route("/detokenize", a.detokenize, methods=["POST"]),
+        Route("/tokenizer_info", a.tokenizer_info, methods=["GET"]),
         Route("/health", a.health, methods=["GET"]),
         Route("/metrics", a.metrics, methods=["GET"]),
     ], exception_handlers={404: not_found, 405: not_found}, lifespan=lifespan)

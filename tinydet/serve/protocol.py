@@ -219,6 +219,19 @@ class ChatCompletionRequest(_Sampling):
         return self
 
 
+class TokenizeRequest(_Body):
+    """vLLM's /tokenize, which lm-evaluation-harness's remote tokenizer calls."""
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+
+
+class DetokenizeRequest(_Body):
+    """vLLM's /detokenize."""
+    model: str | None = None
+    tokens: list[Annotated[int, Field(ge=0)]]
+
+
 async def read_body(req: HTTPRequest) -> bytes:
     """The request's body, at most MAX_BODY bytes (else 413)."""
     raw = bytearray()
