@@ -273,6 +273,32 @@ def test_prompt_scores_from_the_prefix_cache_equal_a_full_pass(stories_models, s
     assert h.result.cached_tokens == blocks - 1 and all(o.result.finish_reason for o in others)
 
 
+@pytest.mark.parametrize("scored", [False, True])
+def test_requests_sharing_a_prompt_being_prefilled_wait_for_its_blocks(stories_models, scored):
+    """Requests sent together whose prompts share a context (a multiple-choice question's choices) are
+    not prefilled side by side: the first computes the context, the others wait for its blocks and
+    compute only their own tokens; a request with nothing to share goes ahead meanwhile. Each result
+    is its solo run's."""
+    model = stories_models["fp32"]
+    ctx = LONG * 3
+    endings = [" Tom ran home.", " The dog barked.", " It rained all day.", " Lily laughed."]
+    engine = model.engine(max_batch=4, prefix_cache_bytes=64 << 20)
+    reqs = [model.request(ctx + e, max_tokens=2, prompt_logprobs=1 if scored else None) for e in endings]
+    other = model.request("The sun was hot", max_tokens=3)
+    handles = [engine.submit(r) for r in reqs[:2]] + [engine.submit(other)] + [engine.submit(r) for r in reqs[2:]]
+    engine.run()
+    blocks = (len(model.tokenize(ctx)) // 64) * 64
+    shared = blocks - 1 if scored else blocks
+    assert [h.result.cached_tokens for h in handles] == [0, shared, 0, shared, shared]
+    assert engine.stats["prompt_tokens_computed"] == sum(len(r.prompt_ids) for r in reqs + [other]) - 3 * shared
+    for h in handles:
+        r = h.request
+        assert same(h.result, model.generate(r.prompt_ids, max_tokens=r.max_tokens))
+    if scored:
+        full = model.logits(reqs[3].prompt_ids)
+        assert _scores(handles[4]) == [(t, *token_logprobs(full[i], t, 1)) for i, t in enumerate(reqs[3].prompt_ids[1:])]
+
+
 def test_prompt_scores_count_in_the_prefix_cache_bytes(stories_models):
     """Scores kept with blocks count toward the cache's bytes, which it never exceeds."""
     model = stories_models["fp32"]

@@ -49,6 +49,14 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._blocks)
 
+    def held(self, keys: list[bytes], scored: bool = False) -> int:
+        """How many of `keys` (a prompt's chain keys), from the first, are kept (with scores, for
+        `scored`); a look that neither counts as a query nor refreshes them."""
+        n = 0
+        while n < len(keys) and keys[n] in self._blocks and (not scored or keys[n] in self._scores):
+            n += 1
+        return n
+
     def load(self, cache: KVCache, slot: int, ids: Sequence[int], limit: int, scored: bool = False) -> tuple[int, list]:
         """Copy the longest cached prefix of `ids`, at most `limit` positions, into `slot` (from
         position 0). Returns its length n (a multiple of the block size) and, with `scored`, the scores

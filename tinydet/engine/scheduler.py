@@ -24,7 +24,7 @@ from typing import Callable, Iterator
 from ..backends import Backend
 from ..errors import TinydetError
 from ..logprobs import token_logprobs
-from .prefix import SCORED_TOP, PrefixCache
+from .prefix import SCORED_TOP, PrefixCache, block_keys
 from .sequence import Event, Generation, Request, SequenceState, check_request
 from .speculate import make_drafter
 
@@ -90,7 +90,8 @@ class Handle:
 
 
 class _Running:
-    __slots__ = ("handle", "state", "slot", "fed", "cached", "t_submit", "t_admit", "t_first", "draft", "k", "scores")
+    __slots__ = ("handle", "state", "slot", "fed", "cached", "t_submit", "t_admit", "t_first", "draft", "k", "scores",
+                 "keys")
 
     def __init__(self, handle: Handle, state: SequenceState, slot: int, t_submit: float, cached: int, k=None):
         self.handle, self.state, self.slot = handle, state, slot
@@ -99,6 +100,7 @@ class _Running:
         self.draft: list[int] = []  # the tokens proposed after the last one in this step's pass
         self.k = k  # the drafter's DraftLength, or None
         self.scores: list | None = None  # with prompt_logprobs: (logprob, alternatives) of prompt tokens 1, 2, ...
+        self.keys: list[bytes] = []  # the chain keys of the prompt's full blocks, while it is prefilled
 
 
 class Engine:
@@ -238,8 +240,12 @@ class Engine:
             self._waiting = kept
             for seq in [s for s in self._running.values() if s.handle.id in cancelled]:
                 self._finish(seq, events, Event(seq.handle.id, seq.state.cancel(), None, None, "cancelled"))
-            while self._waiting and self._free:
-                h, t_submit = self._waiting.popleft()
+            while self._free:
+                i = self._next_admitted()
+                if i is None:
+                    break
+                h, t_submit = self._waiting[i]
+                del self._waiting[i]
                 r = h.request
                 slot = self._free.pop()
                 self.cache.reset(slot)
@@ -252,6 +258,8 @@ class Engine:
                 self.cache.lengths[slot] = cached
                 seq = self._running[slot] = _Running(h, self._state(r), slot, t_submit, cached,
                                                      self.drafter.length() if self.drafter else None)
+                if self.prefix.max_bytes:
+                    seq.keys = block_keys(r.prompt_ids, self.cache.block, len(r.prompt_ids) // self.cache.block)
                 if scored:
                     seq.scores = scores[1:]
                     if seq.scores:
@@ -300,6 +308,24 @@ class Engine:
                     s.handle._put(None)
                     s.handle._done.set()
         return events
+
+    def _next_admitted(self) -> int | None:
+        """The index in the queue of the first request to admit: the first whose prompt does not
+        continue, past what the prefix cache holds, a prompt being prefilled now. Those wait for it to
+        be cached (the choices of a multiple-choice question, sent together, compute their shared
+        context once); their results do not depend on it, only their cost."""
+        for i, (h, _) in enumerate(self._waiting):
+            r = h.request
+            if not self.prefix.max_bytes or r.prompt_logits:
+                return i
+            B, scored = self.cache.block, r.prompt_logprobs is not None
+            keys = block_keys(r.prompt_ids, B, (len(r.prompt_ids) - 1) // B)
+            n = self.prefix.held(keys, scored)
+            if n == len(keys) or not any(
+                    s.fed < len(s.state.prompt_ids) and len(s.keys) > n and s.keys[n] == keys[n]
+                    and (not scored or s.scores is not None) for s in self._running.values()):
+                return i
+        return None
 
     def _propose(self, items: list, seqs: list, n_prefill: int) -> None:
         """Give each decoding item its drafter's proposals (as many as its draft length, the tokens it
