@@ -146,3 +146,9 @@ def write(folder: Path, **kw) -> list[str]:
         data.write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
         (folder / f"{task}.yaml").write_text(_YAML[task].replace("@DATA@", json.dumps(str(data))), encoding="utf-8")
     return list(_YAML)
+
+
+if __name__ == "__main__":  # python tests/evaltask.py DIR: the task set, for lm_eval --include_path DIR
+    import sys
+
+    print(" ".join(write(Path(sys.argv[1]))))

@@ -189,8 +189,13 @@ def structured_options(fn):
     return fn
 
 
-COMPILE_NOTICE = ("compiling kernels for this machine (once per tinydet version, dtype and weight type; cached "
-                  "afterwards): a minute or two...")
+# A first run's compile, measured on 2 cores of a 2.x GHz Xeon (one core compiles): SmolLM2 135M from
+# a fresh cache, load included; a quantized file's every further weight type adds to native's and
+# int8's (bench/README, "Cold start").
+COMPILE_SECONDS = {"fp32": "about 35 s", "fp16": "about 90 s", "native": "about 2 min, more with more weight types",
+                   "int8": "about 1 min"}
+COMPILE_NOTICE = ("compiling kernels for this machine, once per tinydet version, dtype and weight type, cached "
+                  "afterwards ({dtype}: {took} on a 2-core machine)...")
 _compile_notice = False  # the notice's listener is registered once per process
 
 
@@ -201,7 +206,8 @@ def _load(model_name, dtype, threads, verify, log_path=None, device="cpu"):
     global _compile_notice
     if not _compile_notice:
         _compile_notice = True
-        on_first_compile(lambda: click.echo(COMPILE_NOTICE, err=True))
+        on_first_compile(lambda: click.echo(COMPILE_NOTICE.format(took=COMPILE_SECONDS.get(dtype, "a minute or two"),
+                                                                  dtype=dtype), err=True))
     return load(model_name, dtype=dtype, threads=threads, progress=_progress(model_name or "default model"),
                 verify=verify, log=log_path, check_memory=None if _memory_check else False, device=device,
                 panel_cache=None if _panel_cache else False)
