@@ -158,7 +158,7 @@ def _gemv_at_impl(x, w, p0, n_out, out, u0, u1, c0):
     panel, half = dot(1, LANES), dot(1, HALF)
 
     @njit(inline="always")
-    def one_row(x, w, p0, n_out, out, u0, u1, c0):
+    def one_row(x, t, w, p0, n_out, out, u0, u1, c0):
         # Two halves of one panel in the range run as one panel. Decode gives each thread an equal
         # run of units, so a panel count that does not split evenly is balanced by halving one panel.
         K = x.shape[1]
@@ -166,16 +166,22 @@ def _gemv_at_impl(x, w, p0, n_out, out, u0, u1, c0):
         while u < u1:
             p = u // 2
             if u % 2 == 0 and u + 2 <= u1:
-                put(out, 0, c0 + p * LANES, n_out, panel(x, (0,), K, w, (p0 + p) * K * LANES)[0], LANES)
+                put(out, t, c0 + p * LANES, n_out, panel(x, (t * K,), K, w, (p0 + p) * K * LANES)[0], LANES)
                 u += 2
             else:
                 hoff = (u % 2) * HALF
-                s = half(x, (0,), K, w, (p0 + p) * K * LANES + hoff)[0]
-                put(out, 0, c0 + p * LANES + hoff, n_out, s, HALF)
+                s = half(x, (t * K,), K, w, (p0 + p) * K * LANES + hoff)[0]
+                put(out, t, c0 + p * LANES + hoff, n_out, s, HALF)
                 u += 1
 
-    if w.dtype != types.uint16:  # fp32 panels come here for one row only (`few_rows`)
-        return lambda x, w, p0, n_out, out, u0, u1, c0: one_row(x, w, p0, n_out, out, u0, u1, c0)
+    if w.dtype != types.uint16:
+        # fp32 panels: one row (decode), or a few as a segment of mixed storage whose other types take
+        # a few rows (`few_rows`), row by row; not the few-rows tiles, which cost 20 s of compiling
+        # and only a batch on fp16 panels gains from
+        def rows(x, w, p0, n_out, out, u0, u1, c0):
+            for t in range(x.shape[0]):
+                one_row(x, t, w, p0, n_out, out, u0, u1, c0)
+        return rows
     few = tiles_for("few")
 
     def panels(x, w, p0, n_out, out, u0, u1, c0):
@@ -185,7 +191,7 @@ def _gemv_at_impl(x, w, p0, n_out, out, u0, u1, c0):
             for u in range(u0, u1):
                 few(x, 0, x.shape[0], w, (p0 + u // 2) * K * LANES + (u % 2) * HALF, c0 + u * HALF, n_out, out)
             return
-        one_row(x, w, p0, n_out, out, u0, u1, c0)
+        one_row(x, 0, w, p0, n_out, out, u0, u1, c0)
     return panels
 
 
