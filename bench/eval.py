@@ -4,11 +4,12 @@ off, on (a fresh server: the choices after a context's first take it from the ca
 must be identical.
 
     python bench/eval.py --model SmolLM2-135M-Instruct.Q4_1.gguf [--dtype fp32] [--concurrency 1,8]
-        [--docs 12] [--threads 2] [--tasks tinydet_mc] [--json OUT]
+        [--docs 12] [--threads 2] [--tasks tinydet_mc] [--server-args "--max-batch 32"] [--cache on,off]
+        [--json OUT]
 
 The task set is tests/evaltask.py's (stories of 200-400 tokens, 4 choices each: 4 requests per
 document, each scoring its whole prompt with echo). Each server is a fresh `tinydet serve` process
-(--max-batch 8); lm-eval's `local-completions` client runs here, tokenizing with the server's
+(--max-batch 8 unless --server-args say otherwise); lm-eval's `local-completions` client runs here, tokenizing with the server's
 /tokenize. Needs the eval extra (lm-eval[api]).
 """
 
@@ -96,6 +97,8 @@ def main():
     ap.add_argument("--docs", type=int, default=12)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--tasks", default="tinydet_mc")
+    ap.add_argument("--server-args", default="", help="more options for tinydet serve, e.g. '--max-batch 32'")
+    ap.add_argument("--cache", default="off,on", help="prefix cache settings to run: off, on or both")
     ap.add_argument("--json")
     a = ap.parse_args()
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -106,7 +109,8 @@ def main():
     tasks = a.tasks.split(",")
     rows = []
     for c in [int(x) for x in a.concurrency.split(",")]:
-        for cache, extra in (("off", ["--prefix-cache", "0"]), ("on", [])):
+        for cache in a.cache.split(","):
+            extra = (["--prefix-cache", "0"] if cache == "off" else []) + a.server_args.split()
             server = Server(a.model, a.dtype, a.threads, extra)
             try:
                 runs = ["cold", "again"] if cache == "on" else ["cold"]
@@ -125,6 +129,8 @@ def main():
     digests = {r["samples"] for r in rows}
     print(f"per-sample results identical across all {len(rows)} runs: {len(digests) == 1}")
     for c in sorted({r["concurrency"] for r in rows}):
+        if {r["prefix_cache"] for r in rows} != {"off", "on"}:
+            break
         by = {(r["prefix_cache"], r["run"]): r["wall_s"] for r in rows if r["concurrency"] == c}
         print(f"num_concurrent {c}: cache off {by[('off', 'cold')]:.1f} s, on {by[('on', 'cold')]:.1f} s "
               f"({by[('off', 'cold')] / by[('on', 'cold')]:.2f}x), again {by[('on', 'again')]:.1f} s "
