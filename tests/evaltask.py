@@ -91,13 +91,15 @@ def documents(n_mc: int = 12, n_gen: int = 6, n_rolling: int = 4, seed: int = 1,
     return {"tinydet_mc": mc, "tinydet_gen": gen, "tinydet_rolling": rolling}
 
 
-_YAML = {
-    "tinydet_mc": """task: tinydet_mc
+# What each task's YAML shares: its name and its JSON Lines file (@DATA@), read as a test split.
+_HEAD = """task: @TASK@
 dataset_path: json
 dataset_kwargs:
   data_files: {test: @DATA@}
 test_split: test
-output_type: multiple_choice
+"""
+_YAML = {
+    "tinydet_mc": """output_type: multiple_choice
 doc_to_text: "{{context}}"
 doc_to_choice: "{{choices}}"
 doc_to_target: label
@@ -106,12 +108,7 @@ metric_list:
   - {metric: acc, aggregation: mean, higher_is_better: true}
   - {metric: acc_norm, aggregation: mean, higher_is_better: true}
 """,
-    "tinydet_gen": """task: tinydet_gen
-dataset_path: json
-dataset_kwargs:
-  data_files: {test: @DATA@}
-test_split: test
-output_type: generate_until
+    "tinydet_gen": """output_type: generate_until
 doc_to_text: "{{prompt}}"
 doc_to_target: "{{answer}}"
 target_delimiter: ""
@@ -123,12 +120,7 @@ generation_kwargs:
 metric_list:
   - {metric: exact_match, aggregation: mean, higher_is_better: true}
 """,
-    "tinydet_rolling": """task: tinydet_rolling
-dataset_path: json
-dataset_kwargs:
-  data_files: {test: @DATA@}
-test_split: test
-output_type: loglikelihood_rolling
+    "tinydet_rolling": """output_type: loglikelihood_rolling
 doc_to_text: ""
 doc_to_target: "{{text}}"
 metric_list:
@@ -144,7 +136,8 @@ def write(folder: Path, **kw) -> list[str]:
     for task, docs in documents(**kw).items():
         data = folder / f"{task}.jsonl"
         data.write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
-        (folder / f"{task}.yaml").write_text(_YAML[task].replace("@DATA@", json.dumps(str(data))), encoding="utf-8")
+        head = _HEAD.replace("@TASK@", task).replace("@DATA@", json.dumps(str(data)))
+        (folder / f"{task}.yaml").write_text(head + _YAML[task], encoding="utf-8")
     return list(_YAML)
 
 
