@@ -205,10 +205,10 @@ class _App:
 
     async def detokenize(self, req: HTTPRequest) -> Response:
         body = await self._tokenizer_body(req, DetokenizeRequest)
-        try:
-            text = self.service.model.detokenize(body.tokens)
+        try:  # the tokenizer's own message, which names no argument: the field is "tokens" here
+            text = self.service.model.tokenizer.decode(body.tokens)
         except TinydetError as e:
-            raise APIError(400, str(e).replace("ids: ", "tokens: ", 1), param="tokens") from None
+            raise APIError(400, f"tokens: {e}", param="tokens") from None
         return _json({"prompt": text})
 
     async def tokenizer_info(self, req: HTTPRequest) -> Response:
