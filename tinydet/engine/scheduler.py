@@ -46,6 +46,7 @@ class Handle:
         self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._done = threading.Event()
         self.result: Generation | None = None  # set when it finishes
+        self.keys: list[bytes] | None = None  # its prompt's full blocks' chain keys (`Engine._keys`)
         self.error: BaseException | None = None  # set when the engine failed while it ran
         self.listener = listener
 
@@ -90,8 +91,7 @@ class Handle:
 
 
 class _Running:
-    __slots__ = ("handle", "state", "slot", "fed", "cached", "t_submit", "t_admit", "t_first", "draft", "k", "scores",
-                 "keys")
+    __slots__ = ("handle", "state", "slot", "fed", "cached", "t_submit", "t_admit", "t_first", "draft", "k", "scores")
 
     def __init__(self, handle: Handle, state: SequenceState, slot: int, t_submit: float, cached: int, k=None):
         self.handle, self.state, self.slot = handle, state, slot
@@ -100,7 +100,6 @@ class _Running:
         self.draft: list[int] = []  # the tokens proposed after the last one in this step's pass
         self.k = k  # the drafter's DraftLength, or None
         self.scores: list | None = None  # with prompt_logprobs: (logprob, alternatives) of prompt tokens 1, 2, ...
-        self.keys: list[bytes] = []  # the chain keys of the prompt's full blocks, while it is prefilled
 
 
 class Engine:
@@ -258,8 +257,6 @@ class Engine:
                 self.cache.lengths[slot] = cached
                 seq = self._running[slot] = _Running(h, self._state(r), slot, t_submit, cached,
                                                      self.drafter.length() if self.drafter else None)
-                if self.prefix.max_bytes:
-                    seq.keys = block_keys(r.prompt_ids, self.cache.block, len(r.prompt_ids) // self.cache.block)
                 if scored:
                     seq.scores = scores[1:]
                     if seq.scores:
@@ -314,18 +311,31 @@ class Engine:
         continue, past what the prefix cache holds, a prompt being prefilled now. Those wait for it to
         be cached (the choices of a multiple-choice question, sent together, compute their shared
         context once); their results do not depend on it, only their cost."""
+        if not self._waiting:
+            return None
+        if not self.prefix.max_bytes:
+            return 0
+        prefilling = [(self._keys(s.handle), s.scores is not None) for s in self._running.values()
+                      if s.fed < len(s.state.prompt_ids)]
         for i, (h, _) in enumerate(self._waiting):
             r = h.request
-            if not self.prefix.max_bytes or r.prompt_logits:
+            if r.prompt_logits:
                 return i
-            B, scored = self.cache.block, r.prompt_logprobs is not None
-            keys = block_keys(r.prompt_ids, B, (len(r.prompt_ids) - 1) // B)
+            scored = r.prompt_logprobs is not None
+            keys = self._keys(h)[:(len(r.prompt_ids) - 1) // self.cache.block]  # as many as `load` may take
             n = self.prefix.held(keys, scored)
-            if n == len(keys) or not any(
-                    s.fed < len(s.state.prompt_ids) and len(s.keys) > n and s.keys[n] == keys[n]
-                    and (not scored or s.scores is not None) for s in self._running.values()):
+            if n == len(keys) or not any(len(k) > n and k[n] == keys[n] and (has or not scored)
+                                         for k, has in prefilling):
                 return i
         return None
+
+    def _keys(self, h: Handle) -> list[bytes]:
+        """The chain keys of the full blocks of h's prompt, computed once (a waiting request is looked
+        at every step)."""
+        if h.keys is None:
+            ids = h.request.prompt_ids
+            h.keys = block_keys(ids, self.cache.block, len(ids) // self.cache.block)
+        return h.keys
 
     def _propose(self, items: list, seqs: list, n_prefill: int) -> None:
         """Give each decoding item its drafter's proposals (as many as its draft length, the tokens it
