@@ -83,7 +83,7 @@ def test_hooks_see_every_op_in_order(stories_models):
     be.forward_batch([(0, [1, 403])], be.new_cache(2), hook=lambda layer, op, pos, slots, rows:
                      calls.append((layer, op, tuple(pos), rows.shape)))
     per_layer = [op for op in OPS if op not in ("embedding", "post_attention_norm", "post_ffn_norm", "final_norm",
-                                                 "logits")]
+                                                 "logits", "router")]  # router: mixtures of experts only
     want = [(None, "embedding")] + [(li, op) for li in range(model.config.n_layers) for op in per_layer] + [
         (None, "final_norm"), (None, "logits")]
     assert [(layer, op) for layer, op, _, _ in calls] == want

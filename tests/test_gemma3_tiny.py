@@ -92,10 +92,10 @@ def test_hf_norms_are_read_as_float32_one_plus_w(files):
     sd = G.state_dict()
     spec = a.arch
     n_norms = 0
-    for canon, t, layer in spec.tensors_for(a.config):
+    for canon, t, idx in spec.tensors_for(a.config):
         if canon == "output":
             continue
-        w = sd[t.hf.format(layer)]
+        w = sd[t.hf.format(*idx)]
         got = a.tensors[canon].float32()
         assert np.array_equal(bits(got), bits(b.tensors[canon].float32())), canon
         if G.is_norm(t.hf):
@@ -186,9 +186,9 @@ def test_convert_back_to_hf_directory(files, tmp_path, ref):
     st = load_file(out / "model.safetensors")
     assert "lm_head.weight" not in st
     spec = open_checkpoint(src).arch
-    for canon, t, layer in spec.tensors_for(open_checkpoint(src).config):
+    for canon, t, idx in spec.tensors_for(open_checkpoint(src).config):
         if canon in stored:
-            w = st[t.hf.format(layer)]
+            w = st[t.hf.format(*idx)]
             assert np.array_equal(bits(w), bits(stored[canon] - np.float32(1.0))), canon
             assert np.array_equal(bits(np.float32(1.0) + w), bits(stored[canon])), canon
     m = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()

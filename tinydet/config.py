@@ -13,6 +13,12 @@ Llama is every flag off. The others, each understood by the kernels:
   attn_scale          the factor on q.k (default 1 / sqrt(head_dim))
   embed_scale         a factor on the embedded tokens (Gemma: sqrt(dim), as a float32)
   logit_softcap       final logits become cap * tanh(logits / cap) (Gemma 2/3)
+  n_experts           a mixture of experts in every layer's FFN (0: one dense FFN): n_experts FFNs of
+                      width ffn_dim, of which each token uses n_experts_used (its top-k by router logit,
+                      ties to the lower expert id), their outputs summed in rank order with weights from
+  moe_gating          "softmax": the softmax over every expert's logit, taken at the chosen ones (then
+                      divided by their sum when moe_norm_topk: Mixtral, Qwen3-MoE); "softmax_topk": the
+                      softmax over the chosen logits only (gpt-oss)
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from dataclasses import dataclass, field
 from .errors import ModelFormatError
 
 ACTIVATIONS = ("silu", "gelu_tanh")
+MOE_GATINGS = ("softmax", "softmax_topk")
 ROPE_SCALINGS = ("none", "linear", "llama3", "factors")
 
 # RoPE scalings refused on principle, not for want of code: their frequencies depend on how long the
@@ -85,6 +92,15 @@ class ModelConfig:
     attn_scale: float | None = None
     embed_scale: float | None = None
     logit_softcap: float | None = None
+    n_experts: int = 0
+    n_experts_used: int = 0
+    moe_gating: str = "softmax"
+    moe_norm_topk: bool = False
+
+    @property
+    def dense_ffn(self) -> bool:
+        """Whether each layer's FFN is one dense FFN (no experts)."""
+        return not self.n_experts
 
     @property
     def q_dim(self) -> int:
@@ -143,6 +159,14 @@ class ModelConfig:
                 bad(name, f"expected one entry per layer ({self.n_layers}), found {len(seq)}")
         if any(not isinstance(w, int) or isinstance(w, bool) or w < 0 for w in self.layer_windows):
             bad("layer_windows", f"expected integers >= 0, found {self.layer_windows!r}")
+        if self.n_experts or self.n_experts_used:
+            if not (isinstance(self.n_experts, int) and self.n_experts > 0):
+                bad("n_experts", f"expected a positive number of experts, found {self.n_experts!r}")
+            if not (isinstance(self.n_experts_used, int) and 0 < self.n_experts_used <= self.n_experts):
+                bad("n_experts_used", f"expected 1..{self.n_experts} experts per token (n_experts), "
+                                      f"found {self.n_experts_used!r}")
+            if self.moe_gating not in MOE_GATINGS:
+                bad("moe_gating", f"expected one of {', '.join(MOE_GATINGS)}, found {self.moe_gating!r}")
         for name in ("attn_scale", "embed_scale", "logit_softcap"):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, float) and math.isfinite(v) and v > 0):

@@ -21,6 +21,13 @@ names the stored tensor and says which rows are its own (`fused`, `part`): `Arch
 stored tensor once and gives each part a row slice of its bytes (`formats.Tensor.row_slice`), and the
 convert tool writes the parts back concatenated in order. The canonical names stay wq/wk/wv/w1/w3.
 
+A mixture-of-experts FFN (`ModelConfig.n_experts`) has, per layer, the router `.router [n_experts,
+dim]` and each expert's matrices `.experts.{e}.w1` / `.w2` / `.w3` (shapes as the dense ones, ffn_dim
+the expert's width). Their TensorSpecs say `experts`: the canonical and HF names take the expert index
+after the layer's (Hugging Face checkpoints store each expert's matrices apart), while GGUF stores all
+of a layer's experts as one 3-D tensor (`ffn_gate_exps` [n_experts, ffn, dim]), found once, each expert
+a view of its bytes (`formats.Tensor.expert`).
+
 A spec whose `gguf_arch` is None is read from Hugging Face directories only: llama.cpp's converter
 writes that architecture under another one's name (Mistral as `llama`), so its GGUF files are that
 spec's.
@@ -53,6 +60,7 @@ class TensorSpec:
     # (sum of the parts' rows,) + shape[1:] elements.
     fused: tuple[str, ...] = ()
     part: int = 0
+    experts: bool = False  # one tensor per expert (module docstring): names take "{}" for layer, expert
 
     def __post_init__(self):
         if self.fused and not (0 <= self.part < len(self.fused) and self.fused[self.part] == self.shape[0]):
@@ -61,9 +69,12 @@ class TensorSpec:
     def shape_for(self, cfg: ModelConfig) -> tuple[int, ...]:
         return tuple(getattr(cfg, s) for s in self.shape)
 
-    def stored_shape(self, cfg: ModelConfig) -> tuple[int, ...]:
-        """The shape of the tensor the file stores (the fused whole, for a part of one)."""
+    def stored_shape(self, cfg: ModelConfig, fmt: str = "hf") -> tuple[int, ...]:
+        """The shape of the tensor the file stores (the fused whole, for a part of one; every expert's,
+        for an expert's matrix in GGUF)."""
         shape = self.shape_for(cfg)
+        if self.experts and fmt == "gguf":
+            return (cfg.n_experts,) + shape
         if not self.fused:
             return shape
         return (sum(getattr(cfg, s) for s in self.fused),) + shape[1:]
@@ -95,18 +106,26 @@ class ArchSpec:
     hf_config: Callable | None = None
     # The architecture's own config.json keys when writing a Hugging Face directory (convert).
     hf_config_out: Callable[[ModelConfig], dict] | None = None
+    # The spec whose Hugging Face directories hold this architecture's mixture-of-experts files, where
+    # another (llama's: Mixtral, which llama.cpp's converter writes as `llama`).
+    hf_moe_spec: str | None = None
 
-    def tensors_for(self, cfg: ModelConfig) -> Iterator[tuple[str, TensorSpec, int | None]]:
-        """(canonical name, spec, layer or None) for every tensor a model with `cfg` has, kind by kind
-        and layer by layer within a kind."""
+    def tensors_for(self, cfg: ModelConfig) -> Iterator[tuple[str, TensorSpec, tuple[int, ...]]]:
+        """(canonical name, spec, indices) for every tensor a model with `cfg` has, kind by kind, layer
+        by layer within a kind (and expert by expert within a layer); indices are what the names'
+        "{}" take: (), (layer,) or (layer, expert)."""
         for t in self.tensors:
             if t.flag is not None and not getattr(cfg, t.flag):
                 continue
-            if "{}" in t.canonical:
+            if t.experts:
                 for i in range(cfg.n_layers):
-                    yield t.canonical.format(i), t, i
+                    for e in range(cfg.n_experts):
+                        yield t.canonical.format(i, e), t, (i, e)
+            elif "{}" in t.canonical:
+                for i in range(cfg.n_layers):
+                    yield t.canonical.format(i), t, (i,)
             else:
-                yield t.canonical, t, None
+                yield t.canonical, t, ()
 
     def gather(self, cfg: ModelConfig, fmt: str, find: Callable, progress: Callable | None = None) -> dict:
         """Every tensor of a model with `cfg`, under its canonical name: `find(canonical, name in the
@@ -115,16 +134,18 @@ class ArchSpec:
         object); it raises for anything else that is wrong. A fused stored tensor is found once, with
         its whole shape, and each part is its row slice. `progress(done, total, name)` is called
         before each tensor and once at the end."""
-        names = [(canon, getattr(t, fmt).format(layer), t) for canon, t, layer in self.tensors_for(cfg)]
+        names = [(canon, getattr(t, fmt).format(*idx), t, idx) for canon, t, idx in self.tensors_for(cfg)]
         out, stored = {}, {}  # stored: name in the file -> what find returned
-        for done, (canon, name, t) in enumerate(names):
+        for done, (canon, name, t, idx) in enumerate(names):
             if progress is not None:
                 progress(done, len(names), name)
             if name not in stored:
-                stored[name] = find(canon, name, t.stored_shape(cfg), t)
+                stored[name] = find(canon, name, t.stored_shape(cfg, fmt), t)
             tensor = stored[name]
             if tensor is not None and t.fused:
                 tensor = tensor.row_slice(*t.stored_rows(cfg))
+            if tensor is not None and t.experts and fmt == "gguf":
+                tensor = tensor.expert(idx[1])
             if tensor is not None:
                 out[canon] = tensor
         if TIED[0] not in out:
@@ -151,10 +172,32 @@ LLAMA_TENSORS = (
     _T("layers.{}.wv", "blk.{}.attn_v.weight", "model.layers.{}.self_attn.v_proj.weight", ("kv_dim", "dim")),
     _T("layers.{}.wo", "blk.{}.attn_output.weight", "model.layers.{}.self_attn.o_proj.weight", ("dim", "q_dim")),
     _T("layers.{}.ffn_norm", "blk.{}.ffn_norm.weight", "model.layers.{}.post_attention_layernorm.weight", ("dim",)),
-    _T("layers.{}.w1", "blk.{}.ffn_gate.weight", "model.layers.{}.mlp.gate_proj.weight", ("ffn_dim", "dim")),
-    _T("layers.{}.w2", "blk.{}.ffn_down.weight", "model.layers.{}.mlp.down_proj.weight", ("dim", "ffn_dim")),
-    _T("layers.{}.w3", "blk.{}.ffn_up.weight", "model.layers.{}.mlp.up_proj.weight", ("ffn_dim", "dim")),
+    _T("layers.{}.w1", "blk.{}.ffn_gate.weight", "model.layers.{}.mlp.gate_proj.weight", ("ffn_dim", "dim"),
+       flag="dense_ffn"),
+    _T("layers.{}.w2", "blk.{}.ffn_down.weight", "model.layers.{}.mlp.down_proj.weight", ("dim", "ffn_dim"),
+       flag="dense_ffn"),
+    _T("layers.{}.w3", "blk.{}.ffn_up.weight", "model.layers.{}.mlp.up_proj.weight", ("ffn_dim", "dim"),
+       flag="dense_ffn"),
 )
+
+
+
+def moe_tensors(hf_router: str, hf_expert: str,
+                names: tuple[str, str, str] = ("gate_proj", "down_proj", "up_proj")) -> tuple[TensorSpec, ...]:
+    """A mixture-of-experts FFN's tensors (module docstring): the router ("model.layers.{}." +
+    `hf_router`, GGUF ffn_gate_inp) and each expert's w1, w2, w3 (HF: "model.layers.{}." + `hf_expert`
+    + ".{}." + the name of w1, w2, w3 in `names`; GGUF ffn_{gate,down,up}_exps)."""
+    L = "model.layers.{}."
+    shapes = {"w1": ("ffn_dim", "dim"), "w2": ("dim", "ffn_dim"), "w3": ("ffn_dim", "dim")}
+    return (_T("layers.{}.router", "blk.{}.ffn_gate_inp.weight", L + hf_router + ".weight", ("n_experts", "dim"),
+               flag="n_experts"),) + tuple(
+        _T(f"layers.{{}}.experts.{{}}.{w}", f"blk.{{}}.ffn_{g}_exps.weight", L + hf_expert + ".{}." + n + ".weight",
+           shapes[w], flag="n_experts", experts=True)
+        for w, g, n in zip(("w1", "w2", "w3"), ("gate", "down", "up"), names))
+
+
+LLAMA_ATTENTION = LLAMA_TENSORS[:9]  # the embedding, norms and attention: Llama's tensors before its FFN's
+
 
 TIED = ("output", "tok_embeddings")  # an absent output matrix is the embedding table
 

@@ -26,7 +26,7 @@ Hook = Callable[[int | None, str, np.ndarray, np.ndarray, np.ndarray], None]
 # The ops a hook sees, in the order a pass computes them (the post-norms only in models that have them).
 OPS = ("embedding", "attn_norm", "q", "k", "v", "rope_q", "rope_k", "attention", "attn_output",
        "post_attention_norm", "attn_residual", "ffn_norm", "gate", "up", "activation", "down", "post_ffn_norm",
-       "ffn_residual", "final_norm", "logits")
+       "ffn_residual", "final_norm", "logits", "router")  # router: a mixture of experts' logits
 LOGITS = ("last", "all", "none")  # which logits rows an item wants
 
 

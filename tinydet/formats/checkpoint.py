@@ -67,6 +67,15 @@ class Tensor:
         return Tensor(self.data[lo0:lo0 + n], self.ggml_type, (r1 - r0, self.shape[1]), None,
                       release if whole is not None else None)
 
+    def expert(self, e: int) -> "Tensor":
+        """Expert e of a 3-D tensor [experts, rows, cols] (GGUF's ffn_*_exps) as a 2-D Tensor of its
+        own: a view of its rows' bytes, as `row_slice` gives."""
+        if self.ndim != 3 or not 0 <= e < self.shape[0]:
+            raise ValueError(f"expert {e} of a tensor of shape {self.shape}")
+        n, k = self.shape[1:]
+        flat = Tensor(self.data, self.ggml_type, (self.shape[0] * n, k), self.row_order, self._release)
+        return flat.row_slice(e * n, (e + 1) * n)
+
     @property
     def ndim(self) -> int:
         return len(self.shape)

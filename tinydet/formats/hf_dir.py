@@ -275,7 +275,7 @@ def _tensors(files: list[SafetensorsFile], spec: archs.ArchSpec, cfg: ModelConfi
             if name in where:
                 raise ModelFormatError(f.path, name, f"tensor also stored in {where[name].path.name}")
             where[name] = f
-    known = {t.hf.format(layer) for _, t, layer in spec.tensors_for(cfg)}
+    known = {t.hf.format(*idx) for _, t, idx in spec.tensors_for(cfg)}
     for name, f in where.items():
         if name not in known and not name.endswith(_IGNORED_SUFFIXES):
             raise ModelFormatError(f.path, name, f"unexpected tensor: not part of a {spec.hf_architectures[0]} "

@@ -114,12 +114,14 @@ def convert_gguf_to_hf(gguf_path, out_dir, dtype: str = "fp32", overwrite: bool 
 
     ck = open_gguf(src, progress)  # canonical names, HF's Q/K layout
     cfg, tok, spec, weights = ck.config, ck.tokenizer, ck.arch, ck.tensors
+    if not cfg.dense_ffn and spec.hf_moe_spec:  # Mixtral, read from a `llama` file
+        spec = archs.SPECS[spec.hf_moe_spec]
     tied = weights[archs.TIED[0]] is weights[archs.TIED[1]]
     rope_scaling = _hf_rope_scaling(cfg.rope, src)  # before any work: a RoPE config.json cannot say is refused
 
     tensors: dict[str, np.ndarray] = {}  # HF name -> array; shapes as in the spec
     fused: dict[str, list] = {}  # HF name of a fused tensor -> its parts so far, by part index
-    for canon, t, layer in spec.tensors_for(cfg):
+    for canon, t, idx in spec.tensors_for(cfg):
         if canon == archs.TIED[0] and tied:
             continue
         w = weights[canon].float32()
@@ -127,7 +129,7 @@ def convert_gguf_to_hf(gguf_path, out_dir, dtype: str = "fp32", overwrite: bool 
             w = w - np.float32(t.hf_offset)
         if dtype == "fp16" and w.ndim == 2:
             w = w.astype(np.float16)  # the one rounding: IEEE round-to-nearest-even
-        name = t.hf.format(layer)
+        name = t.hf.format(*idx)
         if t.fused:  # one stored tensor, its parts' rows in order (Phi-3's qkv_proj, gate_up_proj)
             parts = fused.setdefault(name, [None] * len(t.fused))
             parts[t.part] = w

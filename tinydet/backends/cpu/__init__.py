@@ -84,7 +84,7 @@ if not os.environ.get("NUMBA_CACHE_DIR"):
     numba.config.CACHE_DIR = str(cache_base() / "numba" / _cache_key())
 _lock_cache_saves()
 
-from ...config import ModelConfig  # noqa: E402
+from ...config import MOE_GATINGS, ModelConfig  # noqa: E402
 from ...errors import TinydetError  # noqa: E402
 from ..base import Backend, Hook, KVCache, plan_batch, split_logits  # noqa: E402
 from . import forward as _fw  # noqa: E402
@@ -173,8 +173,10 @@ class CPUBackend(Backend):
                                                    CPUWeights.restore)
         w = self.weights
         self._w = (as_storage(w.table), w.attn_norm, as_storage(w.wqkv), w.bqkv, w.q_norm, w.k_norm,
-                   as_storage(w.wo), w.post_attn_norm, w.ffn_norm, as_storage(w.w13), as_storage(w.w2),
-                   w.post_ffn_norm, w.norm, as_storage(w.output))
+                   as_storage(w.wo), w.post_attn_norm, w.ffn_norm, as_storage(_kind(w, "w13", "w13e")),
+                   as_storage(_kind(w, "w2", "w2e")), w.post_ffn_norm, w.norm, as_storage(w.output))
+        # A mixture of experts' kinds, or None: the pass then compiles without the mixture's code.
+        self._experts = None if config.dense_ffn else (as_storage(w.router), as_storage(w.w13e), as_storage(w.w2e))
         cfg = config
         ropes = list(dict.fromkeys((cfg.rope,) + cfg.layer_ropes))  # distinct RoPEs, first seen first
         self._inv_freq = [inv_freq(r, cfg.head_dim) for r in ropes]
@@ -182,6 +184,7 @@ class CPUBackend(Backend):
         self._windows = np.array([cfg.window(i) for i in range(cfg.n_layers)], np.int64)
         self._cos = self._sin = np.zeros((len(ropes), 0, cfg.head_dim // 2), np.float32)
         self._rope_lock = threading.Lock()
+        self._moe = (cfg.n_experts, cfg.n_experts_used, MOE_GATINGS.index(cfg.moe_gating), cfg.moe_norm_topk)
         f32 = np.float32
         self._scalars = (f32(cfg.rms_eps), f32(cfg.attn_scale if cfg.attn_scale is not None else 1.0 / np.sqrt(cfg.head_dim)),
                          f32(cfg.embed_scale or 0.0), f32(cfg.logit_softcap or 0.0))
@@ -216,9 +219,9 @@ class CPUBackend(Backend):
             _fw.HOOKS[hook_id] = hook
         try:
             with _LAUNCH if _serial() else contextlib.nullcontext():
-                logits = _fw.forward(b.ids, b.pos, b.slots, b.rows, self._w, cache.k, cache.v, cos, sin,
+                logits = _fw.forward(b.ids, b.pos, b.slots, b.rows, self._w, self._experts, cache.k, cache.v, cos, sin,
                                      self._layer_rope, self._windows, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
-                                     cfg.ffn_dim, ACTIVATIONS[cfg.activation], *self._scalars, cfg.vocab_size,
+                                     cfg.ffn_dim, ACTIVATIONS[cfg.activation], self._moe, *self._scalars, cfg.vocab_size,
                                      self._threads, hook_id)
         finally:
             _fw.HOOKS.pop(hook_id, None)
@@ -231,6 +234,12 @@ class CPUBackend(Backend):
 
     def weight_bytes(self) -> int:
         return self.weights.nbytes()
+
+
+def _kind(w: CPUWeights, name: str, other: str):
+    """A matrix kind of the weights, or where the model has none (a mixture's dense FFN) another, of a
+    type the pass compiles anyway, that it never reads."""
+    return getattr(w, name) if hasattr(w, name) else getattr(w, other)
 
 
 _hook_ids = itertools.count(1)

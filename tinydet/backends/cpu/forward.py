@@ -25,11 +25,12 @@ from numba.core.errors import NumbaWarning
 from ..base import OPS
 from .loaders import embed_rows, layer
 from .matmul import MM_GLU, MM_PLAIN, MM_RESIDUAL, mm, scratch
+from .moe import moe_ffn
 from .ops import add_bias, add_rows, attention, glu_rows, rmsnorm, rope_store, scale_rows, softcap, widen_rows
 from .simd import LANES
 
 (EMBEDDING, ATTN_NORM, Q, K, V, ROPE_Q, ROPE_K, ATTENTION, ATTN_OUTPUT, POST_ATTN_NORM, ATTN_RESIDUAL, FFN_NORM, GATE,
- UP, ACTIVATION, DOWN, POST_FFN_NORM, FFN_RESIDUAL, FINAL_NORM, LOGITS) = range(len(OPS))
+ UP, ACTIVATION, DOWN, POST_FFN_NORM, FFN_RESIDUAL, FINAL_NORM, LOGITS, ROUTER) = range(len(OPS))
 
 HOOKS: dict[int, object] = {}  # hook id -> callable(layer or None, op name, pos, slots, rows)
 
@@ -64,18 +65,20 @@ def _project(x, w, li, n_out, out, res, post, eps, nth, wbuf, hook, op, post_op,
 
 
 @njit(cache=True, nogil=True)
-def forward(ids, pos, slot, rows, w, k_cache, v_cache, cos, sin, layer_rope, windows, n_heads, n_kv_heads, head_dim,
-            ffn_dim, act, eps, attn_scale, embed_scale, logit_cap, n_out, nth, hook):
+def forward(ids, pos, slot, rows, w, experts, k_cache, v_cache, cos, sin, layer_rope, windows, n_heads, n_kv_heads, head_dim,
+            ffn_dim, act, moe, eps, attn_scale, embed_scale, logit_cap, n_out, nth, hook):
     """Logits (len(rows), n_out) of rows `rows` of tokens `ids` at positions `pos` of sequences
     `slot`, appending each token's key and value to the caches.
 
     w = (table, attn_norm, wqkv, bqkv, q_norm, k_norm, wo, post_attn_norm, ffn_norm, w13, w2,
-    post_ffn_norm, norm, output), as `weights.CPUWeights` holds them; caches (L, ...) of `KVCache`;
-    cos, sin (R, positions, head_dim / 2) with layer l using table layer_rope[l]; windows (L,) the
-    sliding window of each layer (0: none); act ops.SILU or GELU_TANH; embed_scale, logit_cap 0 for
-    none; nth, the thread count, only shapes the split of work; hook an id of HOOKS, or 0."""
+    post_ffn_norm, norm, output), as `weights.CPUWeights` holds them; `experts` (router, w13e, w2e) for a
+    mixture of experts, else None (numba then leaves the mixture's branch out); caches (L, ...) of
+    `KVCache`; cos, sin (R, positions, head_dim / 2) with layer l using table layer_rope[l]; windows
+    (L,) the sliding window of each layer (0: none); act ops.SILU or GELU_TANH; moe (n_experts,
+    n_experts_used, moe.SOFTMAX or SOFTMAX_TOPK, norm_topk); embed_scale, logit_cap 0 for none; nth, the thread count, only shapes the split of work; hook an id of HOOKS, or 0."""
     (table, attn_norm, wqkv, bqkv, q_norm, k_norm, wo, post_attn_norm, ffn_norm, w13, w2, post_ffn_norm, norm,
      w_out) = w
+    n_experts, n_used, gating, norm_topk = moe
     T = ids.shape[0]
     dim = attn_norm.shape[1]
     q_dim = n_heads * head_dim
@@ -89,6 +92,7 @@ def forward(ids, pos, slot, rows, w, k_cache, v_cache, cos, sin, layer_rope, win
     proj = np.empty((T, dim), np.float32)
     gu = np.empty((T, 2 * ffn_dim), np.float32)
     a = np.empty((T, ffn_dim), np.float32)
+    rl = np.empty((T, n_experts), np.float32)  # router logits
     wbuf = scratch(nth, max(dim, q_dim, ffn_dim))
     embed_rows(table, ids, x)
     if embed_scale != 0:
@@ -116,6 +120,17 @@ def forward(ids, pos, slot, rows, w, k_cache, v_cache, cos, sin, layer_rope, win
                  ATTN_RESIDUAL, pos, slot)
         rmsnorm(x, ffn_norm[li], eps, h)
         _see(hook, li, FFN_NORM, pos, slot, h, 0, dim)
+        if experts is not None:
+            moe_ffn(h, li, experts[0], experts[1], experts[2], n_experts, n_used, gating, norm_topk, ffn_dim, act,
+                    proj, rl, nth, wbuf)
+            _see(hook, li, ROUTER, pos, slot, rl, 0, n_experts)
+            _see(hook, li, DOWN, pos, slot, proj, 0, dim)
+            if post_ffn_norm.shape[1]:
+                rmsnorm(proj, post_ffn_norm[li], eps, proj)
+                _see(hook, li, POST_FFN_NORM, pos, slot, proj, 0, dim)
+            add_rows(x, proj)
+            _see(hook, li, FFN_RESIDUAL, pos, slot, x, 0, dim)
+            continue
         if hook == 0 and ffn_dim % LANES == 0:
             mm(h, layer(w13, li), 2 * ffn_dim, gu, nth, MM_GLU, gu, a, act, wbuf)
         else:

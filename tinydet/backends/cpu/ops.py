@@ -89,8 +89,9 @@ def rmsnorm(x, w, eps, out):
 
 @njit(cache=True, inline="always")
 def _head_norm(qkv, t, base, head_dim, w, eps):
-    """QK-norm: RMSNorm of one head, in place (w (head_dim,); empty: none)."""
-    if w.shape[0]:
+    """QK-norm: RMSNorm of qkv[t, base : base + head_dim] in place where w has that length (else none:
+    an empty w, or one over another span)."""
+    if w.shape[0] == head_dim:
         inv = _rms_inv(qkv, t, base, head_dim, eps)
         for d in range(head_dim):
             qkv[t, base + d] = (qkv[t, base + d] * inv) * w[d]
@@ -105,6 +106,9 @@ def _rope_row(qkv, t, q_dim, kv_dim, head_dim, cos, sin, pos, slot, k_cache, v_c
     s = slot[t]
     pt = p // ATILE
     pl = p % ATILE
+    if qn.shape[0] != head_dim:  # norms over the whole of q and of k (OLMoE), not over each head
+        _head_norm(qkv, t, 0, q_dim, qn, eps)
+        _head_norm(qkv, t, q_dim, kv_dim, kn, eps)
     for h in range(n_q + n_kv):
         base = h * head_dim
         if h < n_q:
@@ -139,7 +143,7 @@ def _rope_rows(qkv, q_dim, kv_dim, head_dim, cos, sin, pos, slot, k_cache, v_cac
 @njit(cache=True)
 def rope_store(qkv, q_dim, kv_dim, head_dim, cos, sin, pos, slot, k_cache, v_cache, q_out, qn, kn, eps):
     """For each row t (position pos[t] of sequence slot[t]): QK-norm each head of q and k where qn / kn
-    are given (empty arrays: none), rotate q and k (HF's half-split layout: pairs (i, i + hd/2)),
+    are given ((head_dim,) each; (q_dim,) and (kv_dim,): all of q and of k at once; empty: none), rotate q and k (HF's half-split layout: pairs (i, i + hd/2)),
     write q to q_out and k, v into the layer's cache, rounded there once if the cache is fp16."""
     if qkv.shape[0] == 1:
         _rope_row(qkv, np.int64(0), q_dim, kv_dim, head_dim, cos, sin, pos, slot, k_cache, v_cache, q_out, qn, kn, eps)

@@ -30,6 +30,10 @@ from .simd import to_f16_bits
 
 DTYPES = ("fp32", "fp16", "native", "int8")
 MATRICES = (("wqkv", ("wq", "wk", "wv")), ("wo", ("wo",)), ("w13", ("w1", "w3")), ("w2", ("w2",)))
+# A mixture of experts' matrix kinds (ModelConfig.n_experts) in place of w13 and w2: the router stacked
+# over layers, each expert's [w1; w3] and w2 stacked over (layer, expert), layer l's expert e at
+# l * n_experts + e.
+MOE_MATRICES = (("router", ("router",)), ("w13e", ("w1", "w3")), ("w2e", ("w2",)))
 _PACK_ROWS = 4096  # rows dequantized and packed at a time (bounds the float32 temporaries)
 
 
@@ -199,13 +203,22 @@ class CPUWeights:
     or `QPanels` in native storage, each kind stacked over layers):
       attn_norm, ffn_norm (L, dim); q_norm, k_norm (L, head_dim); post_attn_norm, post_ffn_norm
       (L, dim); bqkv (L, q_dim + 2 kv_dim): float32, the optional ones (L, 0) when absent;
-      wqkv [wq; wk; wv], wo, w13 [w1; w3], w2: panels; norm (dim,); output: panels;
+      wqkv [wq; wk; wv], wo, w13 [w1; w3], w2: panels; norm (dim,); output: panels; a mixture of
+      experts has router, w13e and w2e (`MOE_MATRICES`) instead of w13 and w2;
       table: the embedding, a (vocab, dim) float array, or the output's storage when tied to it."""
 
     def __init__(self, cfg: ModelConfig, tensors: dict[str, Tensor], dtype: str, progress=None):
         """`progress(done, total, name)`, if given, is called as each matrix kind is packed."""
         L = cfg.n_layers
-        steps = [name for name, _ in MATRICES] + ["output"]
+        per_kind = {name: [[tensors[f"layers.{i}.{n}"] for n in parts] for i in range(L)]
+                    for name, parts in MATRICES if f"layers.0.{parts[0]}" in tensors}
+        if cfg.n_experts:
+            E = cfg.n_experts
+            per_kind["router"] = [[tensors[f"layers.{i}.router"]] for i in range(L)]
+            for name, parts in MOE_MATRICES[1:]:
+                per_kind[name] = [[tensors[f"layers.{i}.experts.{e}.{n}"] for n in parts] for i in range(L)
+                                  for e in range(E)]
+        steps = list(per_kind) + ["output"]
 
         def step(name):
             if progress is not None:
@@ -218,7 +231,6 @@ class CPUWeights:
         self.post_attn_norm = _vectors(cfg, tensors, ("post_attention_norm",))
         self.post_ffn_norm = _vectors(cfg, tensors, ("post_ffn_norm",))
         self.bqkv = _vectors(cfg, tensors, ("bq", "bk", "bv"))
-        per_kind = {name: [[tensors[f"layers.{i}.{n}"] for n in parts] for i in range(L)] for name, parts in MATRICES}
         emb, out = tensors["tok_embeddings"], tensors["output"]
         if dtype in ("native", "int8"):
             conv = _integer if dtype == "int8" else (lambda st: st)
@@ -270,7 +282,7 @@ class CPUWeights:
             if isinstance(m, (QPanels, MixedPanels, IntPanels)):
                 return m.type_name
             return "f16" if m.dtype == np.uint16 else "f32"
-        out = {name: kind(getattr(self, name)) for name, _ in MATRICES}
+        out = {name: kind(getattr(self, name)) for name, _ in MATRICES + MOE_MATRICES if hasattr(self, name)}
         out["output"] = kind(self.output)
         out["tok_embeddings"] = kind(self.table)
         return out

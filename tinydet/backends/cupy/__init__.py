@@ -34,7 +34,7 @@ from .device import CudaDevice, HostDevice
 __all__ = ["CudaBackend", "CudaDevice", "HostDevice", "embed", "product"]
 
 (EMBEDDING, ATTN_NORM, Q, K, V, ROPE_Q, ROPE_K, ATTENTION, ATTN_OUTPUT, POST_ATTN_NORM, ATTN_RESIDUAL, FFN_NORM, GATE,
- UP, ACTIVATION, DOWN, POST_FFN_NORM, FFN_RESIDUAL, FINAL_NORM, LOGITS) = OPS
+ UP, ACTIVATION, DOWN, POST_FFN_NORM, FFN_RESIDUAL, FINAL_NORM, LOGITS, _ROUTER) = OPS
 
 MM_BLOCK, MM_ROWS = 128, 4  # threads per block over outputs; rows per thread (kernels.cu MM_ROWS)
 BLOCK = 128
@@ -239,6 +239,8 @@ class CudaBackend(Backend):
             raise TinydetError(f"dtype: expected one of {', '.join(DTYPES)}, found {dtype!r}")
         if dtype == "int8":
             raise TinydetError("dtype int8 (integer block dots) runs on the CPU backend only, for now")
+        if not config.dense_ffn:
+            raise TinydetError(f"{config.arch}: mixtures of experts run on the CPU backend only, for now")
         self.dev = device if device is not None else CudaDevice()
         self.name = f"cuda-{self.dev.name}" if isinstance(self.dev, HostDevice) else self.dev.name
         self.config, self.dtype = config, dtype
