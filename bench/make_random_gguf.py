@@ -9,6 +9,13 @@ Shapes (`--shape`):
   llama-8b  Llama-3.1-8B's: dim 4096, 32 layers, 32 / 8 heads, head_dim 128, FFN 14336, rope_freqs
             (factor 8), an untied output.weight
   tiny      2 layers, dim 256, 4 / 2 heads, FFN 512, untied: for the tests (seconds)
+  qwen3moe-30b-a3b
+            Qwen3-30B-A3B's body (a `qwen3moe` file): dim 2048, 48 layers, 32 heads / 4 KV heads,
+            head_dim 128 with QK-norm, and in every layer 128 experts of width 768 of which a token
+            takes 8 (the router ffn_gate_inp F32, as llama.cpp's converter keeps it), RoPE theta 1e6,
+            untied. `--layers N` writes its first N layers only (a file of the same layers, for
+            measuring per-layer speed where 48 would not fit a machine's memory or time)
+  qwen3moe-tiny  2 layers, dim 256, 8 experts of width 128, 2 per token: for the tests
 All take SmolLM2's tokenizer (every `tokenizer.ggml.*` key and the chat template, copied from
 --tokenizer), so the vocabulary is its 49,152 tokens, not Llama 3's 128,256.
 
@@ -34,6 +41,7 @@ llama-1b-random.Q4_K_M.gguf.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 import time
@@ -66,6 +74,9 @@ class Shape:
     context: int = 131072
     rope_theta: float = 500000.0
     eps: float = 1e-5
+    arch: str = "llama"
+    experts: int = 0  # a mixture of experts in every layer (qwen3moe): its experts, ffn their width
+    experts_used: int = 0
 
 
 SHAPES = {
@@ -74,7 +85,13 @@ SHAPES = {
                       rope_factor=8.0),
     "tiny": Shape(dim=256, layers=2, heads=4, kv_heads=2, head_dim=64, ffn=512, tied=False, rope_factor=8.0,
                   context=8192),
+    "qwen3moe-tiny": Shape(dim=256, layers=2, heads=4, kv_heads=2, head_dim=64, ffn=128, tied=False, rope_factor=None,
+                           context=8192, rope_theta=1e6, eps=1e-6, arch="qwen3moe", experts=8, experts_used=2),
+    "qwen3moe-30b-a3b": Shape(dim=2048, layers=48, heads=32, kv_heads=4, head_dim=128, ffn=768, tied=False,
+                              rope_factor=None, context=40960, rope_theta=1e6, eps=1e-6, arch="qwen3moe",
+                              experts=128, experts_used=8),
 }
+MOE_DENSE_FFN = 6144  # Qwen3-30B-A3B's feed_forward_length (its dense width: no layer uses it)
 # llama_ftype of general.file_type, and the type of most matrices
 FILE_TYPES = {"F16": (1, "F16"), "Q8_0": (7, "Q8_0"), "Q4_0": (2, "Q4_0"), "Q4_K_M": (15, "Q4_K")}
 
@@ -92,7 +109,7 @@ def matrix_type(name: str, layer: int | None, shape: Shape, ftype: str, pure: bo
         return base
     if name == "output.weight" or (shape.tied and name == "token_embd.weight"):
         return base if base == "Q8_0" else "Q6_K"  # every dim here is a multiple of 256
-    if ftype == "Q4_K_M" and name.endswith((".attn_v.weight", ".ffn_down.weight")) \
+    if ftype == "Q4_K_M" and name.endswith((".attn_v.weight", ".ffn_down.weight", ".ffn_down_exps.weight")) \
             and use_more_bits(layer, shape.layers):
         return "Q6_K"
     return base
@@ -105,13 +122,21 @@ def tensors(shape: Shape, vocab: int, ftype: str, pure: bool) -> list[tuple[str,
     if shape.rope_factor is not None:
         out.append(("rope_freqs.weight", (shape.head_dim // 2,), "F32"))
     out.append(("token_embd.weight", (vocab, d), matrix_type("token_embd.weight", None, shape, ftype, pure)))
+    E = shape.experts
+    if E:
+        ffn = (("attn_q_norm", (shape.head_dim,)), ("attn_k_norm", (shape.head_dim,)), ("ffn_norm", (d,)),
+               ("ffn_gate_inp", (E, d)), ("ffn_gate_exps", (E, shape.ffn, d)), ("ffn_up_exps", (E, shape.ffn, d)),
+               ("ffn_down_exps", (E, d, shape.ffn)))
+    else:
+        ffn = (("ffn_norm", (d,)), ("ffn_gate", (shape.ffn, d)), ("ffn_up", (shape.ffn, d)),
+               ("ffn_down", (d, shape.ffn)))
     for i in range(shape.layers):
         for part, rows_cols in (("attn_norm", (d,)), ("attn_q", (shape.heads * shape.head_dim, d)),
                                 ("attn_k", (kv, d)), ("attn_v", (kv, d)),
-                                ("attn_output", (d, shape.heads * shape.head_dim)), ("ffn_norm", (d,)),
-                                ("ffn_gate", (shape.ffn, d)), ("ffn_up", (shape.ffn, d)), ("ffn_down", (d, shape.ffn))):
+                                ("attn_output", (d, shape.heads * shape.head_dim))) + ffn:
             name = f"blk.{i}.{part}.weight"
-            out.append((name, rows_cols, "F32" if len(rows_cols) == 1 else matrix_type(name, i, shape, ftype, pure)))
+            f32 = len(rows_cols) == 1 or part == "ffn_gate_inp"  # the router stays F32 (llama.cpp's rule)
+            out.append((name, rows_cols, "F32" if f32 else matrix_type(name, i, shape, ftype, pure)))
     out.append(("output_norm.weight", (d,), "F32"))
     if not shape.tied:
         out.append(("output.weight", (vocab, d), matrix_type("output.weight", None, shape, ftype, pure)))
@@ -147,7 +172,7 @@ def tensor_slices(name: str, rows_cols: tuple[int, ...], type_name: str, seed: i
         yield np.ones(rows_cols, np.float32)
         return
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
-    rows, cols = rows_cols
+    rows, cols = math.prod(rows_cols[:-1]), rows_cols[-1]  # an expert stack's rows: every expert's, in order
     step = max(1, CHUNK // cols)
     for r0 in range(0, rows, step):
         n = min(step, rows - r0)
@@ -178,25 +203,30 @@ def _log(*x) -> None:
     print(*x, flush=True)
 
 
-def write(path: Path, shape_name: str, ftype: str, seed: int, pure: bool, tok_fields, log=_log) -> None:
+def write(path: Path, shape_name: str, ftype: str, seed: int, pure: bool, tok_fields, log=_log,
+          layers: int | None = None) -> None:
     """Write the file at `path` (through path.part, renamed when complete)."""
-    shape = SHAPES[shape_name]
+    shape = SHAPES[shape_name] if layers is None else dataclasses.replace(SHAPES[shape_name], layers=layers)
     vocab = len(next(v for n, v, *_ in tok_fields if n == "tokenizer.ggml.tokens"))
     plan = tensors(shape, vocab, ftype, pure)
-    w = GGUFWriter(None, "llama")
+    a = shape.arch
+    w = GGUFWriter(None, a)
     w.add_type("model")
     w.add_name(f"random {shape_name} {ftype}" + (" pure" if pure else "") + f" seed {seed}")
     u32 = GGUFValueType.UINT32
+    moe = (("expert_count", shape.experts), ("expert_used_count", shape.experts_used),
+           ("expert_feed_forward_length", shape.ffn)) if shape.experts else ()
     for key, value in (("block_count", shape.layers), ("context_length", shape.context),
-                       ("embedding_length", shape.dim), ("feed_forward_length", shape.ffn),
-                       ("attention.head_count", shape.heads), ("attention.head_count_kv", shape.kv_heads)):
-        w.add_key_value(f"llama.{key}", value, u32)
-    w.add_key_value("llama.rope.freq_base", shape.rope_theta, GGUFValueType.FLOAT32)
-    w.add_key_value("llama.attention.layer_norm_rms_epsilon", shape.eps, GGUFValueType.FLOAT32)
+                       ("embedding_length", shape.dim),
+                       ("feed_forward_length", MOE_DENSE_FFN if shape.experts else shape.ffn),
+                       ("attention.head_count", shape.heads), ("attention.head_count_kv", shape.kv_heads)) + moe:
+        w.add_key_value(f"{a}.{key}", value, u32)
+    w.add_key_value(f"{a}.rope.freq_base", shape.rope_theta, GGUFValueType.FLOAT32)
+    w.add_key_value(f"{a}.attention.layer_norm_rms_epsilon", shape.eps, GGUFValueType.FLOAT32)
     for key in ("attention.key_length", "attention.value_length", "rope.dimension_count"):
-        w.add_key_value(f"llama.{key}", shape.head_dim, u32)
+        w.add_key_value(f"{a}.{key}", shape.head_dim, u32)
     w.add_key_value("general.file_type", FILE_TYPES[ftype][0], u32)
-    w.add_key_value("llama.vocab_size", vocab, u32)
+    w.add_key_value(f"{a}.vocab_size", vocab, u32)
     for name, value, vtype, sub in tok_fields:
         w.add_key_value(name, value, vtype, sub)
     if ftype != "F16":
@@ -237,6 +267,7 @@ def main() -> None:
     ap.add_argument("--type", required=True, help=f"comma-separated: {', '.join(FILE_TYPES)}")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--pure", action="store_true", help="every matrix in the base type (no Q6_K output, no mix)")
+    ap.add_argument("--layers", type=int, help="write only the shape's first N layers (file name: ...-{N}l)")
     ap.add_argument("--out-dir", type=Path, default=Path("/work/cache/bench"))
     ap.add_argument("--tokenizer", type=Path, default=SMOLLM2, help="GGUF file to copy the tokenizer from")
     a = ap.parse_args()
@@ -244,6 +275,8 @@ def main() -> None:
     for t in types:
         if t not in FILE_TYPES:
             ap.error(f"--type: unknown type {t!r} (one of {', '.join(FILE_TYPES)})")
+    if a.layers is not None and not 0 < a.layers <= SHAPES[a.shape].layers:
+        ap.error(f"--layers: expected 1..{SHAPES[a.shape].layers}")
     if not 0 <= a.seed < 2**63:
         ap.error("--seed: expected a non-negative integer")
     if not a.tokenizer.is_file():
@@ -251,9 +284,10 @@ def main() -> None:
     tok = tokenizer_fields(a.tokenizer)
     a.out_dir.mkdir(parents=True, exist_ok=True)
     for t in types:
-        path = a.out_dir / f"{a.shape}-random{'-pure' if a.pure else ''}.{t}.gguf"
+        cut = f"-{a.layers}l" if a.layers else ""
+        path = a.out_dir / f"{a.shape}{cut}-random{'-pure' if a.pure else ''}.{t}.gguf"
         t0 = time.perf_counter()
-        write(path, a.shape, t, a.seed, a.pure, tok)
+        write(path, a.shape, t, a.seed, a.pure, tok, layers=a.layers)
         print(f"{path}  {path.stat().st_size / 2**20:.1f} MiB  {time.perf_counter() - t0:.0f} s", flush=True)
 
 

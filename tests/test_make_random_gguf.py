@@ -121,6 +121,28 @@ def test_real_shapes():
     assert mk.rope_factors(b8)[-1] == 8.0 and len(mk.rope_factors(b8)) == 64
 
 
+def test_moe_shape_is_qwen3_30b_a3b():
+    """Qwen3-30B-A3B has 30,532,122,624 parameters with its 151,936 tokens (untied): less the tokens
+    SmolLM2's vocabulary lacks, in the embedding and the output. The routers stay F32, the experts take
+    the file's type."""
+    s = mk.SHAPES["qwen3moe-30b-a3b"]
+    n = sum(int(np.prod(rc)) for _, rc, _ in mk.tensors(s, 49152, "F16", False))
+    assert n == 30_532_122_624 - 2 * (151936 - 49152) * 2048
+    q4 = _types("qwen3moe-30b-a3b", "Q4_0")
+    assert q4["blk.0.ffn_gate_inp.weight"] == "F32" and q4["blk.47.ffn_down_exps.weight"] == "Q4_0"
+
+
+def test_tiny_moe_file_runs_natively_with_fp32s_bits(tmp_path, stories_path):
+    import tinydet
+
+    path = tmp_path / "moe.gguf"
+    mk.write(path, "qwen3moe-tiny", "Q4_0", 0, True, mk.tokenizer_fields(stories_path), log=lambda *a: None)
+    native, fp32 = tinydet.load(path, dtype="native"), tinydet.load(path)
+    assert native.config.n_experts == 8 and native.backend.storage()["w13e"] == "Q4_0"
+    ids = list(range(1, 40))
+    assert np.array_equal(native.logits(ids).view(np.uint32), fp32.logits(ids).view(np.uint32))
+
+
 def test_tokenizer_is_smollm2s():
     if not SMOLLM2.is_file():
         pytest.skip(f"no {SMOLLM2}")

@@ -127,6 +127,18 @@ def test_native_storage_gives_fp32_bits(files):
     assert tinydet.load(files[2], dtype="native").backend.storage()["router"] == "f32"  # stored F32
 
 
+def test_memory_estimate_counts_every_expert(files):
+    """The load's memory check sees the experts: its estimate is the packed weights' size within 1%, in
+    native storage (the file's blocks) and in fp32."""
+    from tinydet import memory
+    from tinydet.formats import open_checkpoint
+
+    for path, dtype in ((files[2], "native"), (files[1], "fp32")):
+        est = memory.weight_bytes(open_checkpoint(path).tensors, dtype)
+        real = tinydet.load(path, dtype=dtype, check_memory=False).backend.weight_bytes()
+        assert abs(est - real) <= 0.01 * real, (dtype, est, real)
+
+
 def test_int8_keeps_batch_invariance(qwen_files):
     """(One architecture: the integer products are the same kernels for every one.)"""
     m = tinydet.load(qwen_files[2], dtype="int8")

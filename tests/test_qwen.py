@@ -210,14 +210,33 @@ def test_sliding_window_config(files, tmp_path, arch):
         tinydet.load(d)
 
 
+def test_qwen3_yarn_matches_transformers(tmp_path):
+    """Qwen3's long-context setting, a YaRN RoPE scaling in config.json (transformers 4.x's rope_scaling
+    and 5.x's rope_parameters), runs as transformers runs it: logits within 1e-4 on a prompt past the
+    ramp's wavelengths, where the scaling moves them."""
+    made = Q.write_hf_dir(tmp_path / "qwen3", arch="qwen3")
+    plain = tinydet.load(made)
+    ids = plain.tokenize("The quick brown fox jumps over the lazy dog, and the dog does not mind: it is lazy.")
+    for key, extra in (("rope_scaling", {}), ("rope_parameters", {"rope_theta": Q.ROPE_THETA, "beta_fast": 16})):
+        cfg = json.loads((made / "config.json").read_text())
+        cfg[key] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, **extra}
+        (made / "config.json").write_text(json.dumps(cfg))
+        got = tinydet.load(made).logits(ids)
+        want = transformers.AutoModelForCausalLM.from_pretrained(made, dtype=torch.float32).eval()
+        with torch.no_grad():
+            want = want(torch.tensor([ids])).logits[0].numpy()
+        assert np.abs(got - want).max() <= 1e-4, key
+        assert np.abs(got - plain.logits(ids)).max() > 1e-2  # the scaling matters here
+
+
 def test_qwen3_settings_it_cannot_run_are_refused(tmp_path):
-    """A Qwen3 config.json with q/k/v/o biases or a YaRN RoPE scaling (Qwen3's long-context setting) is
-    refused with the field named, not run without it."""
+    """A Qwen3 config.json with q/k/v/o biases or a YaRN scaling with DeepSeek's mscale keys is refused
+    with the field named, not run without it."""
     import shutil
 
     made = Q.write_hf_dir(tmp_path / "qwen3", arch="qwen3")
     cases = {"attention_bias": {"attention_bias": True},
-             "rope_scaling": {"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+             "rope_scaling": {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "mscale": 0.707,
                                                "original_max_position_embeddings": 128}}}
     for field, change in cases.items():
         d = tmp_path / field

@@ -30,7 +30,7 @@ from .errors import ModelFormatError
 
 ACTIVATIONS = ("silu", "gelu_tanh")
 MOE_GATINGS = ("softmax", "softmax_topk")
-ROPE_SCALINGS = ("none", "linear", "llama3", "factors")
+ROPE_SCALINGS = ("none", "linear", "llama3", "factors", "yarn")
 
 # RoPE scalings refused on principle, not for want of code: their frequencies depend on how long the
 # sequence is, so a prefix's logits would depend on what follows it, while tinydet's contract is that a
@@ -58,7 +58,11 @@ class RoPE:
     "linear" divides every frequency by `factor`; "llama3" (Llama 3.1's) divides the low frequencies by
     `factor`, keeps the high ones and blends in between, over `original_context` positions; "factors"
     divides frequency i by `freq_factors[i]` (a GGUF's `rope_freqs.weight` that no "llama3" setting
-    reproduces exactly). `rope.inv_freq` computes the frequencies."""
+    reproduces exactly); "yarn" (YaRN, as transformers' `_compute_yarn_parameters`, static: the same
+    for every position and length) blends each frequency between itself and itself / `factor` by a
+    ramp over the dimensions whose wavelengths fall between `beta_fast` and `beta_slow` rotations in
+    `original_context` positions (`truncate`: the ramp's ends rounded outward to whole dimensions),
+    and multiplies cos and sin by `attention_factor`. `rope.inv_freq` computes the frequencies."""
 
     base: float = 10000.0
     scaling: str = "none"
@@ -67,6 +71,10 @@ class RoPE:
     high_freq_factor: float = 4.0
     original_context: int = 8192
     freq_factors: tuple[float, ...] = ()  # scaling "factors" only: one divisor per frequency
+    beta_fast: float = 32.0  # "yarn" only (also original_context, factor)
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float = 1.0  # on cos and sin ("yarn"; 1.0 otherwise)
 
 
 @dataclass(frozen=True)
@@ -144,6 +152,10 @@ class ModelConfig:
                 bad(name, f"RoPE scaling {r.scaling!r} is not supported (supported: {', '.join(ROPE_SCALINGS)})")
             if r.scaling != "none" and not (math.isfinite(r.factor) and r.factor > 0):
                 bad(name, f"expected a positive RoPE scaling factor, found {r.factor!r}")
+            if r.scaling == "yarn" and not (r.original_context > 0 and r.beta_fast > r.beta_slow > 0
+                                            and math.isfinite(r.attention_factor) and r.attention_factor > 0):
+                bad(name, "yarn RoPE scaling needs original_context > 0, beta_fast > beta_slow > 0 and a positive "
+                          "attention factor")
             if r.scaling == "llama3" and not (r.original_context > 0 and r.high_freq_factor > r.low_freq_factor > 0):
                 bad(name, "llama3 RoPE scaling needs original_context > 0 and high_freq_factor > low_freq_factor > 0")
             if (r.scaling == "factors") != bool(r.freq_factors):

@@ -28,8 +28,8 @@ def weight_bytes(tensors: dict, dtype: str) -> int:
     """Bytes the CPU backend's packed weights take for `tensors` (a Checkpoint's, canonical names) at
     `dtype`: float32 for vectors; matrices at 4 bytes a weight (fp32), 2 (fp16), or in native storage
     the file's own bytes for a type the kernels read as stored (quantized blocks, F16), else 4. A
-    layer's fused matrices ([wq; wk; wv], [w1; w3]) and the output round their rows up to whole 64-row
-    panels, as the backend packs them. A tied output (the embedding's object) counts once."""
+    layer's fused matrices ([wq; wk; wv], [w1; w3]; a mixture's router and each expert's) and the output
+    round their rows up to whole 64-row panels, as the backend packs them. A tied output (the embedding's object) counts once."""
     from .backends.cpu.layout import NATIVE_TYPES
     from .backends.cpu.weights import MATRICES
     from .formats.ggml import F16
@@ -43,13 +43,20 @@ def weight_bytes(tensors: dict, dtype: str) -> int:
         return -(-n // _LANES) * _LANES
 
     total, seen = 0, set()
-    fused = {f"layers.{i}.{p}" for i in range(_n_layers(tensors)) for _, parts in MATRICES for p in parts}
-    for i in range(_n_layers(tensors)):
-        for _, parts in MATRICES:
-            ts = [tensors[f"layers.{i}.{p}"] for p in parts if f"layers.{i}.{p}" in tensors]
-            if ts:  # padding rows cost what a row of the first part costs
-                total += sum(nbytes(t, t.shape[0]) for t in ts)
-                total += nbytes(ts[0], panels(sum(t.shape[0] for t in ts)) - sum(t.shape[0] for t in ts))
+    # each packed matrix's parts: a layer's kinds, a mixture's router and each expert's [w1; w3] and w2
+    packed = [[f"layers.{i}.{p}" for p in parts] for i in range(_n_layers(tensors)) for _, parts in MATRICES]
+    packed += [[f"layers.{i}.router"] for i in range(_n_layers(tensors))]
+    e = 0
+    while f"layers.0.experts.{e}.w1" in tensors:
+        packed += [[f"layers.{i}.experts.{e}.{p}" for p in parts] for i in range(_n_layers(tensors))
+                   for parts in (("w1", "w3"), ("w2",))]
+        e += 1
+    fused = {name for names in packed for name in names}
+    for names in packed:
+        ts = [tensors[n] for n in names if n in tensors]
+        if ts:  # padding rows cost what a row of the first part costs
+            total += sum(nbytes(t, t.shape[0]) for t in ts)
+            total += nbytes(ts[0], panels(sum(t.shape[0] for t in ts)) - sum(t.shape[0] for t in ts))
     for name, t in tensors.items():
         if name in fused or id(t) in seen:
             continue

@@ -71,7 +71,34 @@ def inv_freq(rope: RoPE, head_dim: int) -> np.ndarray:
         return inv / llama3_factors(rope, head_dim).astype(np.float64)
     if rope.scaling == "factors":
         return inv / np.array(rope.freq_factors, np.float64)
+    if rope.scaling == "yarn":
+        return _yarn(rope, head_dim, inv)
     return inv
+
+
+def _yarn(rope: RoPE, head_dim: int, inv: np.ndarray) -> np.ndarray:
+    """YaRN's frequencies (transformers' `_compute_yarn_parameters`), in float64 with tinydet's log."""
+    from .backends.cpu.mathfn import log64
+
+    def dim_of(rotations):  # the dimension whose wavelength makes `rotations` turns in the original context
+        return head_dim * log64(rope.original_context / (rotations * 2 * math.pi)) / (2 * log64(rope.base))
+
+    low, high = dim_of(rope.beta_fast), dim_of(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # as transformers: no division by zero
+    ramp = np.clip((np.arange(head_dim // 2, dtype=np.float64) - low) / (high - low), 0.0, 1.0)
+    extrapolation = 1.0 - ramp  # the share of the unscaled frequency
+    return inv / rope.factor * (1.0 - extrapolation) + inv * extrapolation
+
+
+def yarn_attention_factor(factor: float) -> float:
+    """YaRN's default factor on cos and sin: 0.1 ln(factor) + 1 (1 for factor <= 1)."""
+    from .backends.cpu.mathfn import log64
+
+    return 1.0 if factor <= 1 else 0.1 * log64(factor) + 1.0
 
 
 def from_factors(base: float, head_dim: int, factors: np.ndarray) -> RoPE:

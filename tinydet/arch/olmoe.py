@@ -14,8 +14,9 @@ from . import LLAMA_ATTENTION, ArchSpec, TensorSpec, moe_tensors
 from .moe import gguf_moe, hf_moe, hf_moe_out
 
 _QK_NORMS = tuple(
-    TensorSpec(f"layers.{{}}.{x}_norm", f"blk.{{}}.attn_{x}_norm.weight", f"model.layers.{{}}.self_attn.{x}_norm.weight",
-               (width,), flag="qk_norm") for x, width in (("q", "q_dim"), ("k", "kv_dim")))
+    TensorSpec(f"layers.{{}}.{x}_norm", f"blk.{{}}.attn_{x}_norm.weight",
+               f"model.layers.{{}}.self_attn.{x}_norm.weight", (width,), flag="qk_norm")
+    for x, width in (("q", "q_dim"), ("k", "kv_dim")))
 
 
 def _gguf_config(k, fields: dict) -> dict:

@@ -27,6 +27,7 @@ SPEC = ArchSpec(
     tensors=LLAMA_TENSORS + _QK_NORMS,
     flags={"qk_norm": True},
     own_head_dim=True,
+    rope_scalings=("none", "yarn"),  # YaRN from config.json (Qwen3's long-context setting)
     hf_config=_hf_config,
     hf_config_out=_hf_out,
 )

@@ -46,6 +46,7 @@ SPEC = ArchSpec(
     tensors=LLAMA_ATTENTION + _QK_NORMS + moe_tensors("mlp.gate", "mlp.experts"),
     flags={"qk_norm": True},
     own_head_dim=True,
+    rope_scalings=("none", "yarn"),  # YaRN from config.json (Qwen3's long-context setting)
     gguf_config=_gguf_config,
     hf_config=_hf_config,
     hf_config_out=_hf_out,

@@ -83,8 +83,10 @@ class _Fields:
 
 # RoPE parameters each scaling type reads from rope_scaling / rope_parameters.
 _ROPE_KEYS = {"default": (), "linear": ("factor",),
-              "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
-_ROPE_NAMES = {"default": "none", "linear": "linear", "llama3": "llama3"}
+              "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+              "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "truncate",
+                       "attention_factor")}
+_ROPE_NAMES = {"default": "none", "linear": "linear", "llama3": "llama3", "yarn": "yarn"}
 # transformers 5 keys rope_parameters by layer type for models whose layers differ (Gemma 3).
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -129,6 +131,16 @@ def rope_object(f: _Fields, key: str, rp, spec: archs.ArchSpec, theta: float | N
         rope = RoPE(scaling="llama3", factor=sub.float("factor"), low_freq_factor=sub.float("low_freq_factor"),
                     high_freq_factor=sub.float("high_freq_factor"),
                     original_context=sub.int("original_max_position_embeddings"))
+    elif kind == "yarn":  # transformers' _compute_yarn_parameters, its defaults where a key is absent
+        from ..rope import yarn_attention_factor
+
+        factor = sub.float("factor")
+        truncate = rp.get("truncate", True)
+        if not isinstance(truncate, bool):
+            sub.bad("truncate", f"expected true or false, found {truncate!r}")
+        rope = RoPE(scaling="yarn", factor=factor, original_context=sub.int("original_max_position_embeddings"),
+                    beta_fast=sub.float("beta_fast", 32.0), beta_slow=sub.float("beta_slow", 1.0), truncate=truncate,
+                    attention_factor=sub.float("attention_factor", yarn_attention_factor(factor)))
     return rope, theta
 
 

@@ -180,6 +180,7 @@ class CPUBackend(Backend):
         cfg = config
         ropes = list(dict.fromkeys((cfg.rope,) + cfg.layer_ropes))  # distinct RoPEs, first seen first
         self._inv_freq = [inv_freq(r, cfg.head_dim) for r in ropes]
+        self._rope_scale = [np.float32(r.attention_factor) for r in ropes]
         self._layer_rope = np.array([ropes.index(cfg.rope_of(i)) for i in range(cfg.n_layers)], np.int64)
         self._windows = np.array([cfg.window(i) for i in range(cfg.n_layers)], np.int64)
         self._cos = self._sin = np.zeros((len(ropes), 0, cfg.head_dim // 2), np.float32)
@@ -202,6 +203,9 @@ class CPUBackend(Backend):
                 sin = np.empty_like(cos)
                 for r, f in enumerate(self._inv_freq):
                     rope_tables(n, f, cos[r], sin[r])
+                    if self._rope_scale[r] != 1:  # YaRN's attention factor, one float32 product each
+                        cos[r] *= self._rope_scale[r]
+                        sin[r] *= self._rope_scale[r]
                 self._cos, self._sin = cos, sin
             return self._cos, self._sin
 
@@ -219,10 +223,10 @@ class CPUBackend(Backend):
             _fw.HOOKS[hook_id] = hook
         try:
             with _LAUNCH if _serial() else contextlib.nullcontext():
-                logits = _fw.forward(b.ids, b.pos, b.slots, b.rows, self._w, self._experts, cache.k, cache.v, cos, sin,
-                                     self._layer_rope, self._windows, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
-                                     cfg.ffn_dim, ACTIVATIONS[cfg.activation], self._moe, *self._scalars, cfg.vocab_size,
-                                     self._threads, hook_id)
+                logits = _fw.forward(b.ids, b.pos, b.slots, b.rows, self._w, self._experts, cache.k, cache.v, cos,
+                                     sin, self._layer_rope, self._windows, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+                                     cfg.ffn_dim, ACTIVATIONS[cfg.activation], self._moe, *self._scalars,
+                                     cfg.vocab_size, self._threads, hook_id)
         finally:
             _fw.HOOKS.pop(hook_id, None)
         for item, (a, e, _) in zip(items, b.spans):

@@ -65,8 +65,8 @@ def _project(x, w, li, n_out, out, res, post, eps, nth, wbuf, hook, op, post_op,
 
 
 @njit(cache=True, nogil=True)
-def forward(ids, pos, slot, rows, w, experts, k_cache, v_cache, cos, sin, layer_rope, windows, n_heads, n_kv_heads, head_dim,
-            ffn_dim, act, moe, eps, attn_scale, embed_scale, logit_cap, n_out, nth, hook):
+def forward(ids, pos, slot, rows, w, experts, k_cache, v_cache, cos, sin, layer_rope, windows, n_heads, n_kv_heads,
+            head_dim, ffn_dim, act, moe, eps, attn_scale, embed_scale, logit_cap, n_out, nth, hook):
     """Logits (len(rows), n_out) of rows `rows` of tokens `ids` at positions `pos` of sequences
     `slot`, appending each token's key and value to the caches.
 
@@ -75,7 +75,8 @@ def forward(ids, pos, slot, rows, w, experts, k_cache, v_cache, cos, sin, layer_
     mixture of experts, else None (numba then leaves the mixture's branch out); caches (L, ...) of
     `KVCache`; cos, sin (R, positions, head_dim / 2) with layer l using table layer_rope[l]; windows
     (L,) the sliding window of each layer (0: none); act ops.SILU or GELU_TANH; moe (n_experts,
-    n_experts_used, moe.SOFTMAX or SOFTMAX_TOPK, norm_topk); embed_scale, logit_cap 0 for none; nth, the thread count, only shapes the split of work; hook an id of HOOKS, or 0."""
+    n_experts_used, moe.SOFTMAX or SOFTMAX_TOPK, norm_topk); embed_scale, logit_cap 0 for none; nth,
+    the thread count, only shapes the split of work; hook an id of HOOKS, or 0."""
     (table, attn_norm, wqkv, bqkv, q_norm, k_norm, wo, post_attn_norm, ffn_norm, w13, w2, post_ffn_norm, norm,
      w_out) = w
     n_experts, n_used, gating, norm_topk = moe
