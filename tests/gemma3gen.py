@@ -508,6 +508,28 @@ def add_overrides(w, overrides: dict) -> None:
         (w.add_uint32 if isinstance(v, int) else w.add_float32 if isinstance(v, float) else w.add_string)(key, v)
 
 
+def add_vocab(w) -> None:
+    """The vocabulary keys, as _set_vocab_sentencepiece, SpecialVocab and add_space_prefix(False) write
+    them (Gemma 2's and Gemma 3's converters alike)."""
+    tokens, scores, toktypes = gguf_vocab()
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(toktypes)
+    # SpecialVocab: tokenizer_config's bos/eos/unk/pad; add_bos from tokenizer.json's post-processor,
+    # add_sep from its pair template, add_eos from tokenizer_config; the chat template.
+    w.add_bos_token_id(BOS_ID)
+    w.add_eos_token_id(EOS_ID)
+    w.add_unk_token_id(UNK_ID)
+    w.add_pad_token_id(PAD_ID)
+    w.add_add_bos_token(True)
+    w.add_add_sep_token(False)
+    w.add_add_eos_token(False)
+    w.add_chat_template(CHAT_TEMPLATE)
+    w.add_add_space_prefix(False)
+
+
 def write_gguf(path: Path, quant: str | None = None, seed: int = 0, name: str | None = None,
                overrides: dict | None = None, drop: tuple[str, ...] = ()) -> Path:
     """The same model as a llama.cpp-style gemma3 GGUF. quant: None/"f32" (all F32), or one of "f16",
@@ -525,7 +547,6 @@ def write_gguf(path: Path, quant: str | None = None, seed: int = 0, name: str | 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     sd = state_dict(seed)
-    tokens, scores, toktypes = gguf_vocab()
     overrides = dict(overrides or {})
     a = "gemma3"
 
@@ -555,22 +576,7 @@ def write_gguf(path: Path, quant: str | None = None, seed: int = 0, name: str | 
     kv(f"{a}.attention.sliding_window", w.add_sliding_window, SLIDING_WINDOW)
     add_overrides(w, overrides)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(toktypes)
-    # SpecialVocab: tokenizer_config's bos/eos/unk/pad; add_bos from tokenizer.json's post-processor,
-    # add_sep from its pair template, add_eos from tokenizer_config; the chat template.
-    w.add_bos_token_id(BOS_ID)
-    w.add_eos_token_id(EOS_ID)
-    w.add_unk_token_id(UNK_ID)
-    w.add_pad_token_id(PAD_ID)
-    w.add_add_bos_token(True)
-    w.add_add_sep_token(False)
-    w.add_add_eos_token(False)
-    w.add_chat_template(CHAT_TEMPLATE)
-    w.add_add_space_prefix(False)
+    add_vocab(w)
     if overrides:
         raise KeyError(f"overrides for keys write_gguf does not write: {sorted(overrides)}")
 

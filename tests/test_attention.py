@@ -3,7 +3,8 @@
 order, times the scale; the max; exp of the float64 difference (tinydet's own exp); the denominator
 and each dim's weighted sum of V Kahan sums over positions in order. Head dims that run in passes of
 64, 32 and 16 lanes and one dim at a time (Phi-3's 96 = 64 + 32, 80 = 64 + 16, 8 and 40 with a scalar
-tail), with and without a sliding window, fp32 and fp16 caches."""
+tail), with and without a sliding window, fp32 and fp16 caches; and with Gemma 2's soft cap on the
+scores (cap * tanh(score / cap) after the scale, tinydet's own tanh), on every path."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from tinydet.backends.cpu import ops
-from tinydet.backends.cpu.mathfn import exp64
+from tinydet.backends.cpu.mathfn import exp64, tanh32
 
 f32 = np.float32
 
@@ -22,7 +23,7 @@ def kahan(part, s, c):
     return z, (z - s) - y
 
 
-def reference(q, k, v, pos, n_heads, n_kv, D, scale, window):
+def reference(q, k, v, pos, n_heads, n_kv, D, scale, window, cap=0.0):
     """q (T, n_heads D); k, v (positions, n_kv, D) float32 (fp16 values widened): (T, n_heads D)."""
     out = np.zeros(q.shape, np.float32)
     group = n_heads // n_kv
@@ -37,6 +38,8 @@ def reference(q, k, v, pos, n_heads, n_kv, D, scale, window):
             for d in range(D):
                 s, c = kahan(q[t, h * D + d] * kk[:, d], s, c)
             s = s * scale
+            if cap:
+                s = np.array([tanh32(f32(x) / f32(cap)) for x in s], np.float32) * f32(cap)
             m = float(np.max(s))
             e = np.array([f32(exp64(float(x) - m)) for x in s], np.float32)
             den, dc = f32(0.0), f32(0.0)
@@ -64,7 +67,19 @@ def test_grouped_heads_give_the_contract_order_bit_for_bit(n_heads, n_kv, nth, D
     check_attention(D, 50 if nth == 2 else 0, "fp16" if n_kv == 1 else "fp32", n_heads, n_kv, nth)
 
 
-def check_attention(D, window, dtype, n_heads, n_kv, nth):
+@pytest.mark.parametrize("D, n_heads, n_kv, nth", [(40, 4, 2, 2), (64, 4, 2, 2), (32, 8, 2, 1), (32, 8, 2, 64),
+                                                   (64, 14, 2, 2)])
+def test_soft_capped_scores_bit_for_bit(D, n_heads, n_kv, nth):
+    # one head at a time (40: a scalar tail), chunks of 2 and 4 heads, and a group's leftover heads
+    check_attention(D, 50, "fp32", n_heads, n_kv, nth, cap=1.5)
+
+
+def test_soft_cap_changes_the_scores():
+    with pytest.raises(AssertionError):
+        check_attention(64, 0, "fp32", 4, 2, 2, cap=1.5, ref_cap=0.0)
+
+
+def check_attention(D, window, dtype, n_heads, n_kv, nth, cap=0.0, ref_cap=None):
     rng = np.random.default_rng(D * 10 + window + n_heads)
     ctx = 192
     pos = np.array([0, 63, 64, 130], np.int64)
@@ -80,6 +95,6 @@ def check_attention(D, window, dtype, n_heads, n_kv, nth):
         kc, vc = kc.astype(np.float16).view(np.uint16), vc.astype(np.float16).view(np.uint16)
     out = np.full(q.shape, np.nan, np.float32)
     scale = f32(1.0 / np.sqrt(D))
-    ops.attention(q, kc, vc, pos, np.zeros(len(pos), np.int64), n_heads, n_kv, D, scale, window, out, nth)
-    ref = reference(q, k, v, pos, n_heads, n_kv, D, scale, window)
+    ops.attention(q, kc, vc, pos, np.zeros(len(pos), np.int64), n_heads, n_kv, D, scale, f32(cap), window, out, nth)
+    ref = reference(q, k, v, pos, n_heads, n_kv, D, scale, window, cap if ref_cap is None else ref_cap)
     assert np.array_equal(out.view(np.uint32), ref.view(np.uint32)), np.abs(out - ref).max()

@@ -2,8 +2,9 @@
 attention) on tiny random-initialized models of the architectures that use them: Qwen3 (QK-norm, a
 head_dim of its own), Gemma 3 (QK-norm, post-attention and post-FFN norms with Gemma's (1 + w),
 GELU-tanh, sliding-window layers with their own RoPE base, a linearly scaled global RoPE, the attention
-scale from query_pre_attn_scalar, embedding scale, final logit soft-capping), Llama 3.1's RoPE
-scaling, Mistral's sliding window. The checkpoints are built here from the HF state dicts (an
+scale from query_pre_attn_scalar, embedding scale, final logit soft-capping), Gemma 2 (attention logit
+soft-capping at a cap that binds, no QK-norm), SmolLM3 (a NoPE layer), Llama 3.1's RoPE scaling,
+Mistral's sliding window. The checkpoints are built here from the HF state dicts (an
 architecture's own spec, which reads such files, comes with it); what is checked is the kernels and the
 config: logits within 1e-4 of transformers', the same greedy tokens, and the contract (threads,
 chunking, a traced pass) bit for bit."""
@@ -85,6 +86,19 @@ def _case(name):
                           attn_scale=float(np.float32(24 ** -0.5)), embed_scale=float(np.float32(DIM ** 0.5)),
                           logit_softcap=3.0)
         return transformers.Gemma3ForCausalLM, c, cfg, True
+    if name == "gemma2":
+        c = transformers.Gemma2Config(
+            **common, intermediate_size=96, head_dim=HEAD_DIM, query_pre_attn_scalar=24, sliding_window=8,
+            attn_logit_softcapping=1.5, final_logit_softcapping=3.0, hidden_activation="gelu_pytorch_tanh")
+        cfg = ModelConfig(**base, ffn_dim=96, head_dim=HEAD_DIM, post_norms=True, activation="gelu_tanh",
+                          layer_windows=(8, 0, 8), attn_scale=float(np.float32(24 ** -0.5)),
+                          embed_scale=float(np.float32(DIM ** 0.5)), attn_softcap=1.5, logit_softcap=3.0)
+        return transformers.Gemma2ForCausalLM, c, cfg, True
+    if name == "smollm3":
+        c = transformers.SmolLM3Config(**common, intermediate_size=128, no_rope_layers=[1, 0, 1], rope_theta=5e6,
+                                       tie_word_embeddings=False, pad_token_id=None, bos_token_id=1, eos_token_id=2)
+        cfg = ModelConfig(**base, ffn_dim=128, head_dim=DIM // HEADS, rope=RoPE(5e6), layer_nope=(False, True, False))
+        return transformers.SmolLM3ForCausalLM, c, cfg, False
     if name == "llama3":
         rp = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
@@ -99,7 +113,7 @@ def _case(name):
     raise ValueError(name)
 
 
-@pytest.fixture(scope="module", params=["qwen3", "gemma3", "llama3", "mistral"])
+@pytest.fixture(scope="module", params=["qwen3", "gemma3", "gemma2", "smollm3", "llama3", "mistral"])
 def pair(request):
     cls, hf_config, cfg, gemma = _case(request.param)
     hf_config._attn_implementation = "eager"

@@ -10,8 +10,12 @@ Llama is every flag off. The others, each understood by the kernels:
   layer_windows       per layer: 0 for full causal attention, w for only the last w positions (sliding
                       window: a row at position p attends to positions p - w + 1 .. p)
   rope, layer_ropes   the RoPE of every layer, or one per layer (a base and scaling each)
+  layer_nope          per layer: True for a layer that rotates nothing (NoPE: q and k used, and k
+                      cached, exactly as projected; SmolLM3's every fourth layer); empty: all rotate
   attn_scale          the factor on q.k (default 1 / sqrt(head_dim))
   embed_scale         a factor on the embedded tokens (Gemma: sqrt(dim), as a float32)
+  attn_softcap        attention scores (after the scale, before the softmax) become
+                      cap * tanh(score / cap) (Gemma 2)
   logit_softcap       final logits become cap * tanh(logits / cap) (Gemma 2/3)
   n_experts           a mixture of experts in every layer's FFN (0: one dense FFN): n_experts FFNs of
                       width ffn_dim, of which each token uses n_experts_used (its top-k by router logit,
@@ -97,8 +101,10 @@ class ModelConfig:
     activation: str = "silu"
     layer_windows: tuple[int, ...] = ()  # empty: every layer attends to every earlier position
     layer_ropes: tuple[RoPE, ...] = ()  # empty: every layer uses `rope`
+    layer_nope: tuple[bool, ...] = ()  # empty: every layer rotates q and k
     attn_scale: float | None = None
     embed_scale: float | None = None
+    attn_softcap: float | None = None
     logit_softcap: float | None = None
     n_experts: int = 0
     n_experts_used: int = 0
@@ -128,6 +134,10 @@ class ModelConfig:
 
     def rope_of(self, layer: int) -> RoPE:
         return self.layer_ropes[layer] if self.layer_ropes else self.rope
+
+    def nope(self, layer: int) -> bool:
+        """Whether layer `layer` leaves q and k unrotated."""
+        return bool(self.layer_nope) and self.layer_nope[layer]
 
     def validate(self, path, keys: dict[str, str] | None = None) -> "ModelConfig":
         """Check the values make a runnable model; `keys` names each field as the file spells it."""
@@ -166,11 +176,14 @@ class ModelConfig:
                           f"found {len(r.freq_factors)}")
         if self.activation not in ACTIVATIONS:
             bad("activation", f"expected one of {', '.join(ACTIVATIONS)}, found {self.activation!r}")
-        for name, seq in (("layer_windows", self.layer_windows), ("layer_ropes", self.layer_ropes)):
+        for name, seq in (("layer_windows", self.layer_windows), ("layer_ropes", self.layer_ropes),
+                          ("layer_nope", self.layer_nope)):
             if seq and len(seq) != self.n_layers:
                 bad(name, f"expected one entry per layer ({self.n_layers}), found {len(seq)}")
         if any(not isinstance(w, int) or isinstance(w, bool) or w < 0 for w in self.layer_windows):
             bad("layer_windows", f"expected integers >= 0, found {self.layer_windows!r}")
+        if any(not isinstance(x, bool) for x in self.layer_nope):
+            bad("layer_nope", f"expected true or false per layer, found {self.layer_nope!r}")
         if self.n_experts or self.n_experts_used:
             if not (isinstance(self.n_experts, int) and self.n_experts > 0):
                 bad("n_experts", f"expected a positive number of experts, found {self.n_experts!r}")
@@ -179,7 +192,7 @@ class ModelConfig:
                                       f"found {self.n_experts_used!r}")
             if self.moe_gating not in MOE_GATINGS:
                 bad("moe_gating", f"expected one of {', '.join(MOE_GATINGS)}, found {self.moe_gating!r}")
-        for name in ("attn_scale", "embed_scale", "logit_softcap"):
+        for name in ("attn_scale", "embed_scale", "attn_softcap", "logit_softcap"):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, float) and math.isfinite(v) and v > 0):
                 bad(name, f"expected a positive number or none, found {v!r}")

@@ -102,7 +102,8 @@ def _gguf_config(k, fields: dict) -> dict:
     if cap is not None and not 0 < cap < math.inf:  # NaN, 0 or inf would make every logit NaN or 0
         k.bad("final_logit_softcapping", f"expected a positive number, found {cap!r}")
     if k.get("attn_logit_softcapping") is not None:
-        k.bad("attn_logit_softcapping", "attention logit soft-capping (Gemma 2) is not supported")
+        k.bad("attn_logit_softcapping", "attention logit soft-capping is not part of Gemma 3 (Gemma 2's files are "
+                                        "general.architecture gemma2)")
     dim = fields["dim"]
     scalar = dim // fields["n_heads"] if n == 62 else fields["head_dim"]  # llama.cpp's rule (62 layers: 27B)
     return {**fields,
@@ -136,7 +137,8 @@ def _hf_config(f, fields: dict) -> dict:
     if act != "gelu_pytorch_tanh":
         f.bad("hidden_activation", f"activation {act!r} is not supported (supported: 'gelu_pytorch_tanh')")
     if c.get("attn_logit_softcapping") is not None:
-        f.bad("attn_logit_softcapping", "attention logit soft-capping (Gemma 2) is not supported")
+        f.bad("attn_logit_softcapping", "attention logit soft-capping is not part of Gemma 3 (Gemma 2's "
+                                        "config.json is model_type gemma2)")
     if c.get("use_bidirectional_attention"):
         f.bad("use_bidirectional_attention", "bidirectional attention is not supported")
     cap = None
@@ -187,6 +189,15 @@ def _hf_config(f, fields: dict) -> dict:
             "logit_softcap": cap}
 
 
+def query_pre_attn_scalar(cfg) -> int:
+    """config.json's query_pre_attn_scalar s for a config's attention scale, float32(s ** -0.5)."""
+    scalar = round(cfg.attn_scale ** -2) if cfg.attn_scale is not None else cfg.head_dim
+    if float(np.float32(scalar ** -0.5)) != (cfg.attn_scale or float(np.float32(cfg.head_dim ** -0.5))):
+        raise TinydetError(f"{cfg.arch}: attention scale {cfg.attn_scale!r} is not float32(s ** -0.5) for an "
+                           "integer s")
+    return scalar
+
+
 def _hf_out(cfg) -> dict:
     """config.json's Gemma 3 keys for a config read from a GGUF (convert), in the hub's 4.x form."""
     n = cfg.n_layers
@@ -197,9 +208,7 @@ def _hf_out(cfg) -> dict:
     if len(windows) > 1 or len(sliding) > 1 or local.scaling != "none" or full - {cfg.rope}:
         raise TinydetError(f"gemma3: config.json cannot say these layer windows and RoPEs ({cfg.layer_windows}, "
                            f"{cfg.layer_ropes})")
-    scalar = round(cfg.attn_scale ** -2) if cfg.attn_scale is not None else cfg.head_dim
-    if float(np.float32(scalar ** -0.5)) != (cfg.attn_scale or float(np.float32(cfg.head_dim ** -0.5))):
-        raise TinydetError(f"gemma3: attention scale {cfg.attn_scale!r} is not float32(s ** -0.5) for an integer s")
+    scalar = query_pre_attn_scalar(cfg)
     types = ["sliding_attention" if cfg.window(i) else "full_attention" for i in range(n)]
     out = {"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": scalar,
            "sliding_window": windows[0] if windows else None, "layer_types": types,

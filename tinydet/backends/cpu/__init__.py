@@ -181,14 +181,16 @@ class CPUBackend(Backend):
         ropes = list(dict.fromkeys((cfg.rope,) + cfg.layer_ropes))  # distinct RoPEs, first seen first
         self._inv_freq = [inv_freq(r, cfg.head_dim) for r in ropes]
         self._rope_scale = [np.float32(r.attention_factor) for r in ropes]
-        self._layer_rope = np.array([ropes.index(cfg.rope_of(i)) for i in range(cfg.n_layers)], np.int64)
+        # -1: a NoPE layer (forward rotates nothing there)
+        self._layer_rope = np.array([-1 if cfg.nope(i) else ropes.index(cfg.rope_of(i)) for i in range(cfg.n_layers)],
+                                    np.int64)
         self._windows = np.array([cfg.window(i) for i in range(cfg.n_layers)], np.int64)
         self._cos = self._sin = np.zeros((len(ropes), 0, cfg.head_dim // 2), np.float32)
         self._rope_lock = threading.Lock()
         self._moe = (cfg.n_experts, cfg.n_experts_used, MOE_GATINGS.index(cfg.moe_gating), cfg.moe_norm_topk)
         f32 = np.float32
         self._scalars = (f32(cfg.rms_eps), f32(cfg.attn_scale if cfg.attn_scale is not None else 1.0 / np.sqrt(cfg.head_dim)),
-                         f32(cfg.embed_scale or 0.0), f32(cfg.logit_softcap or 0.0))
+                         f32(cfg.embed_scale or 0.0), f32(cfg.logit_softcap or 0.0), f32(cfg.attn_softcap or 0.0))
 
     def new_cache(self, capacity: int, n_slots: int = 1) -> CPUKVCache:
         self.check_capacity(capacity)

@@ -66,17 +66,18 @@ def _project(x, w, li, n_out, out, res, post, eps, nth, wbuf, hook, op, post_op,
 
 @njit(cache=True, nogil=True)
 def forward(ids, pos, slot, rows, w, experts, k_cache, v_cache, cos, sin, layer_rope, windows, n_heads, n_kv_heads,
-            head_dim, ffn_dim, act, moe, eps, attn_scale, embed_scale, logit_cap, n_out, nth, hook):
+            head_dim, ffn_dim, act, moe, eps, attn_scale, embed_scale, logit_cap, attn_cap, n_out, nth, hook):
     """Logits (len(rows), n_out) of rows `rows` of tokens `ids` at positions `pos` of sequences
     `slot`, appending each token's key and value to the caches.
 
     w = (table, attn_norm, wqkv, bqkv, q_norm, k_norm, wo, post_attn_norm, ffn_norm, w13, w2,
     post_ffn_norm, norm, output), as `weights.CPUWeights` holds them; `experts` (router, w13e, w2e) for a
     mixture of experts, else None (numba then leaves the mixture's branch out); caches (L, ...) of
-    `KVCache`; cos, sin (R, positions, head_dim / 2) with layer l using table layer_rope[l]; windows
-    (L,) the sliding window of each layer (0: none); act ops.SILU or GELU_TANH; moe (n_experts,
-    n_experts_used, moe.SOFTMAX or SOFTMAX_TOPK, norm_topk); embed_scale, logit_cap 0 for none; nth,
-    the thread count, only shapes the split of work; hook an id of HOOKS, or 0."""
+    `KVCache`; cos, sin (R, positions, head_dim / 2) with layer l using table layer_rope[l] (-1: a NoPE
+    layer, no rotation); windows (L,) the sliding window of each layer (0: none); act ops.SILU or
+    GELU_TANH; moe (n_experts, n_experts_used, moe.SOFTMAX or SOFTMAX_TOPK, norm_topk); embed_scale,
+    logit_cap, attn_cap (attention scores' soft cap) 0 for none; nth, the thread count, only shapes the
+    split of work; hook an id of HOOKS, or 0."""
     (table, attn_norm, wqkv, bqkv, q_norm, k_norm, wo, post_attn_norm, ffn_norm, w13, w2, post_ffn_norm, norm,
      w_out) = w
     n_experts, n_used, gating, norm_topk = moe
@@ -111,11 +112,12 @@ def forward(ids, pos, slot, rows, w, experts, k_cache, v_cache, cos, sin, layer_
         _see(hook, li, K, pos, slot, qkv, q_dim, q_dim + kv_dim)
         _see(hook, li, V, pos, slot, qkv, q_dim + kv_dim, n_qkv)
         r = layer_rope[li]
-        rope_store(qkv, q_dim, kv_dim, head_dim, cos[r], sin[r], pos, slot, kc, vc, q, q_norm[li], k_norm[li], eps)
+        rope_store(qkv, q_dim, kv_dim, head_dim, cos[max(r, 0)], sin[max(r, 0)], r >= 0, pos, slot, kc, vc, q,
+                   q_norm[li], k_norm[li], eps)
         _see(hook, li, ROPE_Q, pos, slot, q, 0, q_dim)
         if hook != 0:
             _see(hook, li, ROPE_K, pos, slot, widen_rows(kc, slot, pos), 0, kv_dim)  # what the cache holds
-        attention(q, kc, vc, pos, slot, n_heads, n_kv_heads, head_dim, attn_scale, windows[li], att, nth)
+        attention(q, kc, vc, pos, slot, n_heads, n_kv_heads, head_dim, attn_scale, attn_cap, windows[li], att, nth)
         _see(hook, li, ATTENTION, pos, slot, att, 0, q_dim)
         _project(att, wo, li, dim, proj, x, post_attn_norm, eps, nth, wbuf, hook, ATTN_OUTPUT, POST_ATTN_NORM,
                  ATTN_RESIDUAL, pos, slot)

@@ -20,10 +20,22 @@ from numba import njit
 
 from .simd import LANES, f32, kahan, kahan1, v32_load, v32_splat, v32_zero, v_div, v_get, v_load, v_max_range, v_mul
 from .simd import prefetch, prefetch_row, v_splat, v_store, v_zero
-from .vmath import v_exp32_sub
+from .vmath import v_exp32_sub, v_tanh32
 
 ATILE = 64  # cache positions per tile of the transposed key cache
 PV_LANES = 32  # dims per pass of the grouped weighted sum of V
+
+
+@njit(cache=True, inline="always")
+def scaled(s, vscale, score_cap):
+    """A tile of q.k sums times the scale, then soft-capped where score_cap != 0 (Gemma 2's attention
+    logits: cap * tanh(s / cap), as three float32 steps with tinydet's tanh, as `ops.softcap` does the
+    final logits). Without a cap, the scale's one multiply and nothing else."""
+    s = v_mul(s, vscale)
+    if score_cap != 0:
+        c = v_splat(score_cap)
+        s = v_mul(v_tanh32(v_div(s, c)), c)
+    return s
 
 
 @njit(cache=True, inline="always")
@@ -87,12 +99,13 @@ def exp_from_max(scores, base, j0, nt, mv):
 
 
 def _attend_heads(NH: int):
-    """attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, window, out, t, h0,
-    scores): `ops._attend` for row t and heads h0 .. h0 + NH - 1 (one KV group; NH even), `scores`
+    """attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, score_cap, window, out,
+    t, h0, scores): `ops._attend` for row t and heads h0 .. h0 + NH - 1 (one KV group; NH even), `scores`
     holding NH times the cache's capacity."""
     pv = _pv(NH)
 
-    def attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, window, out, t, h0, scores):
+    def attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, score_cap, window, out, t,
+               h0, scores):
         group = n_heads // n_kv_heads
         sl = slot[t]
         n = pos[t] + 1
@@ -108,8 +121,8 @@ def _attend_heads(NH: int):
             kb = kbase + j * head_dim * ATILE
             for hp in range(0, NH, 2):
                 sa, sb = _qk_pair(q, t, (h0 + hp) * head_dim, (h0 + hp + 1) * head_dim, k_cache, kb, head_dim)
-                v_store(scores, hp * cap + j * ATILE, v_mul(sa, vscale))
-                v_store(scores, (hp + 1) * cap + j * ATILE, v_mul(sb, vscale))
+                v_store(scores, hp * cap + j * ATILE, scaled(sa, vscale, score_cap))
+                v_store(scores, (hp + 1) * cap + j * ATILE, scaled(sb, vscale, score_cap))
         for h in range(NH):
             mv = v_splat(f32(-np.inf))
             for j in range(j0, nt):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .gqa import ATILE, attend2, attend4, chunking, exp_from_max
+from .gqa import ATILE, attend2, attend4, chunking, exp_from_max, scaled
 from .mathfn import exp32, sincos64, tanh32
 from .simd import (LANES, VECTORS, f32, kahan, kahan1, narrow, prefetch_row, target_isa, v_add, v_div, v_gather, v_get, v_load,
                    v_max_range, v_mul, v_neg, v_splat, v_sqrt, v_store, v_zero, widen)
@@ -98,7 +98,7 @@ def _head_norm(qkv, t, base, head_dim, w, eps):
 
 
 @njit(cache=True)
-def _rope_row(qkv, t, q_dim, kv_dim, head_dim, cos, sin, pos, slot, k_cache, v_cache, q_out, qn, kn, eps):
+def _rope_row(qkv, t, q_dim, kv_dim, head_dim, cos, sin, rotate, pos, slot, k_cache, v_cache, q_out, qn, kn, eps):
     half = head_dim // 2
     n_q = q_dim // head_dim
     n_kv = kv_dim // head_dim
@@ -118,10 +118,13 @@ def _rope_row(qkv, t, q_dim, kv_dim, head_dim, cos, sin, pos, slot, k_cache, v_c
         for i in range(half):
             x0 = qkv[t, base + i]
             x1 = qkv[t, base + i + half]
-            cs = cos[p, i]
-            sn = sin[p, i]
-            r0 = x0 * cs - x1 * sn
-            r1 = x1 * cs + x0 * sn
+            r0 = x0
+            r1 = x1
+            if rotate:  # else NoPE: q and k as projected (not a rotation by 0, whose products could round)
+                cs = cos[p, i]
+                sn = sin[p, i]
+                r0 = x0 * cs - x1 * sn
+                r1 = x1 * cs + x0 * sn
             if h < n_q:
                 q_out[t, base + i] = r0
                 q_out[t, base + i + half] = r1
@@ -135,20 +138,23 @@ def _rope_row(qkv, t, q_dim, kv_dim, head_dim, cos, sin, pos, slot, k_cache, v_c
 
 
 @njit(parallel=True, cache=True)
-def _rope_rows(qkv, q_dim, kv_dim, head_dim, cos, sin, pos, slot, k_cache, v_cache, q_out, qn, kn, eps):
+def _rope_rows(qkv, q_dim, kv_dim, head_dim, cos, sin, rotate, pos, slot, k_cache, v_cache, q_out, qn, kn, eps):
     for t in prange(qkv.shape[0]):  # t as int64: the outlined loop's index is uint64 (one compile)
-        _rope_row(qkv, np.int64(t), q_dim, kv_dim, head_dim, cos, sin, pos, slot, k_cache, v_cache, q_out, qn, kn, eps)
+        _rope_row(qkv, np.int64(t), q_dim, kv_dim, head_dim, cos, sin, rotate, pos, slot, k_cache, v_cache, q_out, qn,
+                  kn, eps)
 
 
 @njit(cache=True)
-def rope_store(qkv, q_dim, kv_dim, head_dim, cos, sin, pos, slot, k_cache, v_cache, q_out, qn, kn, eps):
+def rope_store(qkv, q_dim, kv_dim, head_dim, cos, sin, rotate, pos, slot, k_cache, v_cache, q_out, qn, kn, eps):
     """For each row t (position pos[t] of sequence slot[t]): QK-norm each head of q and k where qn / kn
-    are given ((head_dim,) each; (q_dim,) and (kv_dim,): all of q and of k at once; empty: none), rotate q and k (HF's half-split layout: pairs (i, i + hd/2)),
-    write q to q_out and k, v into the layer's cache, rounded there once if the cache is fp16."""
+    are given ((head_dim,) each; (q_dim,) and (kv_dim,): all of q and of k at once; empty: none), rotate
+    q and k (HF's half-split layout: pairs (i, i + hd/2)) unless `rotate` is false (a NoPE layer), write
+    q to q_out and k, v into the layer's cache, rounded there once if the cache is fp16."""
     if qkv.shape[0] == 1:
-        _rope_row(qkv, np.int64(0), q_dim, kv_dim, head_dim, cos, sin, pos, slot, k_cache, v_cache, q_out, qn, kn, eps)
+        _rope_row(qkv, np.int64(0), q_dim, kv_dim, head_dim, cos, sin, rotate, pos, slot, k_cache, v_cache, q_out, qn,
+                  kn, eps)
     else:
-        _rope_rows(qkv, q_dim, kv_dim, head_dim, cos, sin, pos, slot, k_cache, v_cache, q_out, qn, kn, eps)
+        _rope_rows(qkv, q_dim, kv_dim, head_dim, cos, sin, rotate, pos, slot, k_cache, v_cache, q_out, qn, kn, eps)
 
 
 @njit(cache=True)
@@ -200,11 +206,13 @@ _pv64, _pv32, _pv16 = (_pv_passes(w) for w in (64, 32, 16))
 
 
 @njit(cache=True, inline="always")
-def _attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, window, out, t, h, scores):
+def _attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, score_cap, window, out, t, h,
+            scores):
     """Row t, head h: scores over positions lo..pos[t] of sequence slot[t] (lo = 0, or the first of the
     last `window` positions), softmax, weighted sum of V.
 
-    q.k: per position, Kahan over d in order (64 positions at a time, one per lane). The running max
+    q.k: per position, Kahan over d in order (64 positions at a time, one per lane), times the scale,
+    soft-capped where score_cap != 0 (`gqa.scaled`). The running max
     is a float64 holding a float32 (as the scalar `m = -np.inf; if s > m: m = s`), and exp32 takes
     the float64 difference. The denominator is a Kahan sum over positions in order; the weighted sum
     of V a Kahan sum over positions in order per d (`_pv_passes`)."""
@@ -227,7 +235,7 @@ def _attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale
         for d in range(head_dim):
             prefetch_row(k_cache, kb + (head_dim + d) * ATILE)  # the next tile's
             s, c = kahan(v_mul(v_splat(q[t, qo + d]), v_load(k_cache, kb + d * ATILE)), s, c)
-        s = v_mul(s, vscale)
+        s = scaled(s, vscale, score_cap)
         v_store(scores, j * ATILE, s)
         mv = v_max_range(mv, s, lo - j * ATILE, n - j * ATILE)
     exp_from_max(scores, 0, j0, nt, mv)
@@ -262,9 +270,10 @@ _GROUPED = target_isa() == "avx512"
 
 
 @njit(parallel=True, cache=True)
-def attention(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, window, out, nth):
+def attention(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, score_cap, window, out, nth):
     """Causal grouped-query attention: row t attends to positions 0..pos[t] (with `window` > 0, the
-    last `window` of them) of sequence slot[t]. A work item is a row's head, or a chunk of the heads
+    last `window` of them) of sequence slot[t]; each score is q.k times `scale`, then with `score_cap`
+    != 0 soft-capped to cap * tanh(score / cap). A work item is a row's head, or a chunk of the heads
     of one KV group (`gqa.chunking`); scores, softmax and the weighted sum of V run over cache positions
     in order, so a row's result depends neither on how its prompt was chunked nor on which other
     sequences share the batch. `nth`, the thread count, only shapes the split of work."""
@@ -274,12 +283,12 @@ def attention(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, sca
     cw, U = chunking(T, n_heads, n_kv_heads, head_dim, nth) if _GROUPED else (1, group)
     per_row = n_kv_heads * U
     for job in prange(T * per_row):  # job as int64: the outlined loop's index is uint64
-        _attention_job(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, window, out,
+        _attention_job(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, score_cap, window, out,
                        np.int64(job), T, per_row, U, cw, cap)
 
 
 @njit(cache=True)
-def _attention_job(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, window, out,
+def _attention_job(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, score_cap, window, out,
                    job, T, per_row, U, cw, cap):
     # A function of its own, called from attention's parallel loop: numba types a prange body twice
     # (in the function, then as its outlined loop), and compiled what the body inlines both times.
@@ -294,15 +303,16 @@ def _attention_job(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim
     if u < full and cw > 1:
         scores = np.empty(cw * cap, np.float32)
         if cw == 4:
-            attend4(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, window, out, t,
+            attend4(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, score_cap, window, out, t,
                     g * group + 4 * u, scores)
         else:
-            attend2(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, window, out, t,
+            attend2(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, score_cap, window, out, t,
                     g * group + 2 * u, scores)
     else:
         scores = np.empty(cap, np.float32)
         h = g * group + (u if cw == 1 else full * cw + u - full)
-        _attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, window, out, t, h, scores)
+        _attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, score_cap, window, out, t, h,
+                scores)
 
 
 @njit(cache=True)

@@ -241,6 +241,12 @@ class CudaBackend(Backend):
             raise TinydetError("dtype int8 (integer block dots) runs on the CPU backend only, for now")
         if not config.dense_ffn:
             raise TinydetError(f"{config.arch}: mixtures of experts run on the CPU backend only, for now")
+        # Flags kernels.cu does not implement: refused, never run as some other model.
+        if any(config.layer_nope):
+            raise TinydetError(f"{config.arch}: NoPE layers (layer_nope) run on the CPU backend only, for now")
+        if config.attn_softcap:
+            raise TinydetError(f"{config.arch}: attention logit soft-capping (attn_softcap) runs on the CPU backend "
+                               "only, for now")
         self.dev = device if device is not None else CudaDevice()
         self.name = f"cuda-{self.dev.name}" if isinstance(self.dev, HostDevice) else self.dev.name
         self.config, self.dtype = config, dtype

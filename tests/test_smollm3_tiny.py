@@ -1,0 +1,246 @@
+"""SmolLM3 on a tiny checkpoint made here (tests/smollm3gen.py): the same random weights as a Hugging
+Face directory written by transformers' SmolLM3ForCausalLM and as a GGUF with llama.cpp's smollm3 keys
+(Q/K rows permuted, tied output). Eight layers, 3 and 7 NoPE. Against transformers fp32 (eager
+attention): logits within 1e-4, the same 32 greedy tokens; the HF directory and the GGUF give the same
+bits; NoPE layers rotate nothing (q and the cached k are the projections, bit for bit) and matter;
+other NoPE patterns and sliding layers from config.json; threads, chunks, batches and native Q8_0
+storage keep the bits; conversion back to a SmolLM3ForCausalLM directory; bad files refused with the
+file and field named; the GPU backend refuses NoPE layers."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+import qwen2gen
+import smollm3gen as S
+import tinydet
+from contract import bits, check_native_gives_fp32_bits, check_threads_chunking_and_batch
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+
+TEXTS = ["The quick brown fox jumps over the lazy dog. It's a sentence that uses every letter.",
+         "In 1969, Apollo 11 landed on the Moon. The crew (three men) flew 384,400 km each way.",
+         "I'm sure you'll agree: we're here, they're there, and she's gone. Isn't that odd? Don't worry!",
+         "def hello(name):\n    return \"Hello, \" + name + \"!\"  # a little code, with symbols: ==, !="]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """(hf_dir, {quant: gguf})."""
+    out = tmp_path_factory.mktemp("smollm3")
+    hf, f32 = S.make_tiny_smollm3(out)
+    return hf, {None: f32, "q8_0": S.write_gguf(out / "tiny-smollm3-q8_0.gguf", "q8_0")}
+
+
+@pytest.fixture(scope="module")
+def ref():
+    return S.hf_model()  # eager attention
+
+
+@pytest.fixture(scope="module")
+def models(files):
+    hf, ggufs = files
+    return {"hf": tinydet.load(hf), "gguf": tinydet.load(ggufs[None])}
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()
+
+
+def _run(cfg, tensors, ids, hook=None):
+    from tinydet.backends.cpu import CPUBackend
+
+    be = CPUBackend(cfg, tensors)
+    return be.forward_batch([(0, ids)], be.new_cache(len(ids)), all_logits=True, hook=hook)[0]
+
+
+def test_logits_match_transformers_and_gguf_equals_hf_dir(models, ref, record_property):
+    from_dir, from_gguf = models["hf"], models["gguf"]
+    # GGUF stores the RMSNorm epsilon as a float32, config.json as a decimal: the kernels use float32
+    assert dataclasses.replace(from_dir.config, rms_eps=float(np.float32(from_dir.config.rms_eps))) == from_gguf.config
+    cfg = from_gguf.config
+    assert (cfg.arch, cfg.rope.base, cfg.layer_windows) == ("smollm3", S.ROPE_THETA, ())
+    assert cfg.layer_nope == (False, False, False, True) * 2
+    raw = qwen2gen.hf_tokenizer(S.TOKENIZER)
+    worst = 0.0
+    for text in TEXTS:
+        ids = from_gguf.tokenize(text)
+        assert ids == from_dir.tokenize(text) == raw.encode(text).ids
+        ours = from_gguf.logits(ids)
+        assert np.array_equal(bits(ours), bits(from_dir.logits(ids)))
+        worst = max(worst, float(np.abs(ours - _logits(ref, ids)).max()))
+    record_property("smollm3_max_abs_diff_vs_transformers", worst)
+    print(f"tiny smollm3: max |tinydet - transformers| = {worst:.2e} over {len(TEXTS)} prompts")
+    assert worst <= 1e-4
+
+
+def test_nope_layers_rotate_nothing_and_matter(files, ref):
+    """At a NoPE layer the pass's q after RoPE and the cached k are the projections' bits; every other
+    layer rotates. All-RoPE (layer_nope off) gives other logits, those of transformers with
+    no_rope_layers all 1."""
+    from tinydet.formats import open_checkpoint
+
+    ck = open_checkpoint(files[1][None])
+    ids = ck.tokenizer.encode(TEXTS[0])
+    seen = {}
+
+    def hook(layer, op, pos, slots, rows):
+        if op in ("q", "k", "rope_q", "rope_k"):
+            seen[layer, op] = np.array(rows)
+
+    base = _run(ck.config, ck.tensors, ids, hook)
+    for layer in range(S.LAYERS):
+        same = [np.array_equal(bits(seen[layer, a]), bits(seen[layer, b]))
+                for a, b in (("q", "rope_q"), ("k", "rope_k"))]
+        assert same == [ck.config.nope(layer)] * 2, layer
+    all_rope = _run(dataclasses.replace(ck.config, layer_nope=()), ck.tensors, ids)
+    assert np.abs(base - all_rope).max() > 1e-2
+    want = _logits(S.hf_model(no_rope_layers=[1] * S.LAYERS), ids)
+    assert float(np.abs(all_rope - want).max()) <= 1e-4
+    assert float(np.abs(base - _logits(ref, ids)).max()) <= 1e-4
+
+
+def test_greedy_32_tokens_match_transformers(models, ref):
+    for name, text in (("gguf", TEXTS[0]), ("gguf", TEXTS[1]), ("hf", TEXTS[2])):
+        model = models[name]
+        ids = model.tokenize(text)
+        with torch.no_grad():
+            want = ref.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
+                                eos_token_id=None)[0, len(ids):].tolist()
+        g = model.generate(ids, max_tokens=32)
+        assert g.token_ids == want[:len(g.token_ids)], (name, text)
+        assert len(g.token_ids) == 32 or g.finish_reason == "stop"
+
+
+def test_threads_chunking_and_batch(files):
+    model = tinydet.load(files[1][None], dtype="fp32")
+    check_threads_chunking_and_batch(model, model.tokenize(TEXTS[1]), TEXTS)
+
+
+def test_native_q8_0_gives_fp32_bits_and_matches_transformers(files):
+    check_native_gives_fp32_bits(files[1]["q8_0"], "q8_0", TEXTS[:2], kinds=("wqkv", "output"))
+    model = tinydet.load(files[1]["q8_0"])
+    ids = model.tokenize(TEXTS[0])
+    want = _logits(S.hf_model(weights=S.dequantized_state_dict("q8_0")), ids)
+    assert float(np.abs(model.logits(ids) - want).max()) <= 1e-4
+
+
+def _edited(src, dst, **changes):
+    dst.mkdir()
+    for f in src.iterdir():
+        (dst / f.name).symlink_to(f)
+    (dst / "config.json").unlink()
+    c = json.loads((src / "config.json").read_text())
+    for k, v in changes.items():
+        c.pop(k, None) if v is _DROP else c.__setitem__(k, v)
+    (dst / "config.json").write_text(json.dumps(c))
+    return dst
+
+
+_DROP = object()
+
+
+@pytest.mark.parametrize("case", ["pattern", "interval", "sliding", "defaults"])
+def test_config_json_settings_match_transformers(files, models, tmp_path, case):
+    """Another NoPE pattern (no_rope_layers), the interval alone, sliding layers (SmolLM3Config's rule:
+    the NoPE layers slide) and SmolLM3Config's defaults (rope_theta 2e6, interval 4), each read as
+    transformers reads it: logits within 1e-4 of its model of that config.json."""
+    pattern = [0, 1, 1, 1, 1, 0, 1, 1]
+    changes = {"pattern": {"no_rope_layers": pattern},
+               "interval": {"no_rope_layers": _DROP, "no_rope_layer_interval": 3, "layer_types": _DROP},
+               "sliding": {"use_sliding_window": True, "sliding_window": 8, "layer_types": _DROP},
+               "defaults": {"no_rope_layers": _DROP, "no_rope_layer_interval": _DROP, "rope_theta": _DROP,
+                            "layer_types": _DROP}}[case]
+    d = _edited(files[0], tmp_path / "d", **changes)
+    model = tinydet.load(d)
+    cfg = model.config
+    want_nope = {"pattern": tuple(not x for x in pattern), "interval": (False, False, True) * 2 + (False, False)}
+    assert cfg.layer_nope == want_nope.get(case, (False, False, False, True) * 2)
+    assert cfg.layer_windows == ((0, 0, 0, 8) * 2 if case == "sliding" else ())
+    assert cfg.rope.base == (2e6 if case == "defaults" else S.ROPE_THETA)
+    ref = S.hf_model(**{k: (None if v is _DROP else v) for k, v in changes.items()})
+    assert ref.config.no_rope_layers == [int(not x) for x in cfg.layer_nope]
+    ids = model.tokenize(TEXTS[3])
+    assert len(ids) > 2 * 8
+    ours = model.logits(ids)
+    assert float(np.abs(ours - _logits(ref, ids)).max()) <= 1e-4
+    assert float(np.abs(ours - models["hf"].logits(ids)).max()) > 1e-3
+
+
+def test_convert_back_to_hf_directory(files, tmp_path, ref):
+    """GGUF -> HF directory: no_rope_layers written out; transformers loads it as SmolLM3ForCausalLM with
+    the original's logits bit for bit (the same weights: Q/K rows moved back exactly), and tinydet gives
+    the GGUF's bits from it."""
+    from tinydet.tools.convert import convert_gguf_to_hf
+
+    src = files[1][None]
+    out = convert_gguf_to_hf(src, tmp_path / "conv")
+    c = json.loads((out / "config.json").read_text())
+    assert (c["architectures"], c["model_type"], c["tie_word_embeddings"]) == (["SmolLM3ForCausalLM"], "smollm3", True)
+    assert (c["no_rope_layers"], c["no_rope_layer_interval"], c["use_sliding_window"]) == (S.NO_ROPE_LAYERS, 4, False)
+    m = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
+    assert type(m).__name__ == "SmolLM3ForCausalLM"
+    ids = tinydet.load(src).tokenize(TEXTS[2])
+    assert np.array_equal(_logits(m, ids), _logits(ref, ids))
+    assert np.array_equal(bits(tinydet.load(out).logits(ids)), bits(tinydet.load(src).logits(ids)))
+
+
+# --- bad input ------------------------------------------------------------------------------------------
+
+def test_transformers_own_config_json_reads_alike(files, tmp_path, ref):
+    """config.json as transformers 5 saves it (rope_parameters, its own key set) reads to the same config."""
+    from tinydet.formats.hf_dir import read_hf_config
+
+    d = _edited(files[0], tmp_path / "v5")
+    (d / "config.json").unlink()
+    ref.config.save_pretrained(d)
+    assert "rope_parameters" in json.loads((d / "config.json").read_text())
+    assert read_hf_config(d)[1] == read_hf_config(files[0])[1]
+
+
+def _refused(path, field):
+    with pytest.raises(tinydet.ModelFormatError) as e:
+        tinydet.load(path)
+    msg = str(e.value)
+    assert "\n" not in msg and str(path) in msg and e.value.field == field, msg
+    return msg
+
+
+@pytest.mark.parametrize("field,value,expect", [
+    ("no_rope_layers", [1, 1, 1, 0], "at least 8 entries"),
+    ("no_rope_layers", [1, 1, 1, 2, 1, 1, 1, 0], "0 (no RoPE) or 1"),
+    ("no_rope_layer_interval", 0, "positive"),
+    ("use_sliding_window", "yes", "true or false"),
+])
+def test_bad_config_json_is_refused(files, tmp_path, field, value, expect):
+    changes = {field: value}
+    if field == "no_rope_layer_interval":
+        changes["no_rope_layers"] = _DROP
+    assert expect in _refused(_edited(files[0], tmp_path / "d", **changes), field)
+
+
+def test_sliding_layers_need_use_sliding_window_and_a_window(files, tmp_path):
+    types = ["full_attention"] * 3 + ["sliding_attention"] + ["full_attention"] * 4
+    d = _edited(files[0], tmp_path / "a", layer_types=types)
+    assert "disagree" in _refused(d, "use_sliding_window")
+    d = _edited(files[0], tmp_path / "b", layer_types=types, use_sliding_window=True)
+    assert "missing" in _refused(d, "sliding_window")
+
+
+def test_bad_gguf_is_refused(tmp_path):
+    p = S.write_gguf(tmp_path / "swa.gguf", overrides={"smollm3.attention.sliding_window": 8})
+    assert "sliding-window" in _refused(p, "smollm3.attention.sliding_window")
+
+
+def test_gpu_backend_refuses_nope_layers(models):
+    from tinydet.backends.cupy import CudaBackend
+
+    with pytest.raises(tinydet.TinydetError, match="NoPE"):
+        CudaBackend(models["gguf"].config, {}, device=object())
