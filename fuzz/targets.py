@@ -32,7 +32,8 @@ SHARED_MODELS = Path(os.environ.get("TINYDET_SHARED_MODELS", ROOT.parent / "shar
 SEED_DIR = Path(os.environ.get("TINYDET_FUZZ_SEEDS", Path(tempfile.gettempdir()) / "tinydet-fuzz-seeds"))
 
 GGUF_ARCHS = [("qwen2gen", "qwen2"), ("qwen2gen", "qwen3"), ("qwen2gen", "llama3"), ("gemma3gen", None),
-              ("spmgen", "mistral"), ("spmgen", "phi3")]
+              ("spmgen", "mistral"), ("spmgen", "phi3"), ("gemma2gen", None), ("smollm3gen", None),
+              ("moegen", "qwen3moe"), ("moegen", "mixtral"), ("moegen", "olmoe")]
 
 
 def make_scratch() -> Path:

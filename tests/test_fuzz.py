@@ -63,13 +63,16 @@ _structured = mutated("structured", 300)
 
 
 def test_api(stories_path, scratch):
-    """api: Model's public calls on stories260K with mutated arguments (at most 3 new tokens each)."""
+    """api: Model's public calls on stories260K with mutated arguments (at most 3 new tokens each). The
+    model is loaded and its kernels compiled first: a cold compile on a busy machine is not a hang."""
+    TARGETS["api"].model.logits([1])
     _api(scratch)
 
 
 def test_structured(stories_path, scratch):
     """structured: mutated JSON Schemas, regexes and grammars constraining stories260K."""
     pytest.importorskip("llguidance", reason="the structured extra is not installed")
+    TARGETS["structured"].model.logits([1])
     _structured(scratch)
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=8),

@@ -201,7 +201,8 @@ def _vectors(cfg: ModelConfig, tensors: dict, names: tuple[str, ...]) -> np.ndar
 class CPUWeights:
     """Packed weights (shapes per layer l; "panels" of a matrix [N, K] are (ceil(N/64), K, 64) float,
     or `QPanels` in native storage, each kind stacked over layers):
-      attn_norm, ffn_norm (L, dim); q_norm, k_norm (L, head_dim); post_attn_norm, post_ffn_norm
+      attn_norm, ffn_norm (L, dim); q_norm, k_norm (L, head_dim), or (L, q_dim) and (L, kv_dim) for
+      norms over all of q and k (OLMoE); post_attn_norm, post_ffn_norm
       (L, dim); bqkv (L, q_dim + 2 kv_dim): float32, the optional ones (L, 0) when absent;
       wqkv [wq; wk; wv], wo, w13 [w1; w3], w2: panels; norm (dim,); output: panels; a mixture of
       experts has router, w13e and w2e (`MOE_MATRICES`) instead of w13 and w2;
