@@ -8,8 +8,10 @@ from __future__ import annotations
 import numpy as np
 
 f32 = np.float32
-BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22}
-OFFSET = {"Q8_0": 0, "Q4_0": 8, "Q4_1": 0, "Q5_0": 16}
+BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "MXFP4": 17}
+OFFSET = {"Q8_0": 0, "Q4_0": 8, "Q4_1": 0, "Q5_0": 16, "MXFP4": 0}
+# MXFP4's codes as ggml's kvalues_mxfp4: the E2M1 values doubled (their half is in the scale 2^(e - 128))
+KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int64)
 
 
 def quantize(x: np.ndarray, B: int = 32):
@@ -35,8 +37,12 @@ def _f16(b: np.ndarray) -> np.ndarray:
 
 def block_quants(raw: np.ndarray, name: str, n: int, k: int):
     """The file's blocks (n, row bytes) -> (quants (n, k) int64 as the integer dot takes them: unsigned
-    for Q4_0/Q4_1/Q5_0, signed for Q8_0; d (n, k/32) float32; m (n, k/32) float32 or None)."""
+    for Q4_0/Q4_1/Q5_0, signed for Q8_0 and MXFP4 (its codes' kvalues); d (n, k/32) float32; m (n, k/32) float32 or None)."""
     b = np.asarray(raw, np.uint8).reshape(n, k // 32, BLOCK_BYTES[name])
+    if name == "MXFP4":  # signed quants kvalues[code]; d = 2^(e - 128), exact in float32 (subnormal for e < 2)
+        d = np.ldexp(1.0, b[:, :, 0].astype(np.int64) - 128).astype(f32)
+        qs = b[:, :, 1:17]
+        return KVALUES_MXFP4[np.concatenate([qs & 15, qs >> 4], axis=2)].reshape(n, k), d, None
     d = _f16(b[:, :, 0:2])
     m = _f16(b[:, :, 2:4]) if name == "Q4_1" else None
     if name == "Q8_0":

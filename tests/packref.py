@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from tinydet.backends.cpu import layout
-from tinydet.backends.cpu.layout import K_QUANTS, Q4_0, Q4_1, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0, QBLOCK, QK_K, QPANEL
+from tinydet.backends.cpu.layout import K_QUANTS, MXFP4, Q4_0, Q4_1, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0, QBLOCK, QK_K, QPANEL
 from tinydet.backends.cpu.simd import from_f16_bits
 from tinydet.formats.ggml import GGML_TYPES
 
@@ -23,8 +23,8 @@ def _words(vals, shifts):
 
 def _low4(tid, b):
     n = b.shape[0]
-    if tid in (Q4_0, Q4_1, Q5_0):
-        raw_q = b[:, :, {Q4_0: 2, Q4_1: 4, Q5_0: 6}[tid]:][:, :, :16]
+    if tid in (Q4_0, Q4_1, Q5_0, MXFP4):
+        raw_q = b[:, :, {Q4_0: 2, Q4_1: 4, Q5_0: 6, MXFP4: 1}[tid]:][:, :, :16]
         return np.concatenate([raw_q & np.uint8(15), raw_q >> np.uint8(4)], axis=2).reshape(n, -1)
     if tid in (Q4_K, Q5_K):
         qs = b[:, :, 16 if tid == Q4_K else 48:][:, :, :128].reshape(n, -1, 4, 1, 32)
@@ -60,6 +60,8 @@ def _fields(tid, c):
         f["qh"] = _words(_high(tid, c), _PAIR_SHIFTS).reshape(m, -1, 2)
     if tid == Q6_K:
         f["d"], f["sc"] = bits(208), c[:, :, 192:208].view(np.int8)
+    elif tid == MXFP4:  # the E8M0 exponent byte
+        f["d"] = c[:, :, 0]
     else:
         f["d"] = bits(0)
         if tid in (Q4_1, Q4_K, Q5_K):
@@ -99,7 +101,8 @@ def pack_parts(parts, tid, k):
     b = rows.reshape(n, k // t.block_size, t.type_size)
     nb, ns = k // QBLOCK, k // QK_K
     scale = (P, ns if tid in K_QUANTS else nb, QPANEL)
-    shapes = {"qs": (np.int8, (P, k, QPANEL)) if tid == Q8_0 else (np.uint32, (P, nb, 4, QPANEL)), "d": (np.uint16, scale)}
+    shapes = {"qs": (np.int8, (P, k, QPANEL)) if tid == Q8_0 else (np.uint32, (P, nb, 4, QPANEL)),
+              "d": (np.uint8, scale) if tid == MXFP4 else (np.uint16, scale)}
     if tid in (Q4_1, Q4_K, Q5_K):
         shapes["m"] = (np.uint16, scale)
     if tid in (Q4_K, Q5_K):
@@ -114,6 +117,6 @@ def pack_parts(parts, tid, k):
     for name, a in _fields(tid, b).items():
         _into_panels(out[name], 0, a)
     for name in ("d", "m"):
-        if name in out:
+        if name in out and out[name].dtype == np.uint16:
             out[name] = _scale_storage(out[name])
     return layout.QPanels(tid, n, k, out["qs"], out["d"], out.get("m"), out.get("sc"), out.get("qh"))

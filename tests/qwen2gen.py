@@ -662,7 +662,7 @@ def gguf_vocab(arch: str = "qwen2") -> tuple[list[str], list[int], list[str]]:
 def write_gguf(path: Path, quant: str | None = None, tied: bool = False, seed: int = 0,
                name: str | None = None, arch: str = "qwen2") -> Path:
     """The same model as a llama.cpp-style qwen2 (qwen3) GGUF. quant: None/"f32" (all F32), or one of "f16",
-    "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1" for every 2-D matrix (token_embd and output
+    "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mxfp4" for every 2-D matrix (token_embd and output
     included, as the converter's --outtype does); 1-D tensors (norms, biases) stay F32. name: general.name,
     by default what the converter derives from make_tiny_qwen2's directory name. Returns path."""
     import gguf

@@ -177,7 +177,8 @@ def test_stories_golden_hashes(stories_path):
     assert check_golden(model_loader(stories_path, device=DEVICE), golden, tinydet.hashing.file_sha256(stories_path)) == []
 
 
-@pytest.mark.parametrize("plan", ["Q4_1 + Q8_0 table + F16 output", "Q5_0", "mixed per layer", "mixed runs in qkv", "F16"])
+@pytest.mark.parametrize("plan", ["Q4_1 + Q8_0 table + F16 output", "Q5_0", "mixed per layer", "mixed runs in qkv", "F16",
+                                  "mixed per layer, MXFP4"])
 def test_requantized_stories_native(tmp_path, stories_path, plan):
     path = requantized(tmp_path, stories_path, PLANS[plan])
     cpu, gpu = cpu_and_gpu(path, "native")

@@ -1,6 +1,6 @@
 """The integer mode (dtype "int8": backends/cpu/actq.py, intdot.py, intpanels.py) against the independent
 NumPy reference of its rules (intref.py), bit for bit: activation quantization (ties, zero blocks,
-extremes, non-finite values), every type's product (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K) at every
+extremes, non-finite values), every type's product (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, MXFP4) at every
 token count and thread count, the worst case magnitudes, and the generic and AVX2 builds."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tinydet.formats.dequant import dequantize
 from tinydet.formats.ggml import GGML_TYPE_IDS
 from tinydet.tools.verify import AVX2_FEATURES
 
-TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0"]
+TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "MXFP4"]
 K_TYPES = ["Q4_K", "Q5_K", "Q6_K"]
 f32 = np.float32
 
@@ -172,6 +172,11 @@ def worst_case(name, n=64, k=256):
             raw[:, :, 0:4] = np.tile(ONE, 2)
             raw[:, :, 4:16] = 0xFF
             raw[: n // 2, :, 16:] = 0xFF
+    elif name == "MXFP4":  # codes 7 (12) and 15 (-12): the lookup's largest unsigned bytes, 24 and 0
+        raw = np.zeros((n, k // 32, 17), np.uint8)
+        raw[:, :, 0] = 128  # d = 1
+        raw[: n // 2, :, 1:] = 0x77
+        raw[n // 2:, :, 1:] = 0xFF
     else:
         raw = np.zeros((n, k // 32, intref.BLOCK_BYTES[name]), np.uint8)
         raw[:, :, 0:2] = ONE
@@ -242,3 +247,23 @@ def test_generic_and_avx2_builds_give_the_same_bits(tmp_path):
             raw, x = worst_case(name)
             assert_same_bits(np.load(f"{dest}{name}-worst.npy"), reference(name)(x, raw, name, 64, 256),
                              f"{cpu} {name} worst case")
+
+
+def test_mxfp4_every_code_and_exponent():
+    """MXFP4 rows of one block holding all 16 codes at every exponent 0..255 (subnormal scales, 2^127)
+    against activations of several magnitudes: the reference's bits, decode and prefill; and the
+    reference's quants are ggml's kvalues (code 8 is 0, 15 is -12)."""
+    n, k = 256, 64
+    b = np.zeros((n, k // 32, 17), np.uint8)
+    b[:, :, 0] = np.arange(n)[:, None]
+    codes = (np.arange(n)[:, None, None] * 3 + np.arange(k // 32)[None, :, None] + np.arange(32)[None, None, :]) % 16
+    b[:, :, 1:] = codes[:, :, :16] | (codes[:, :, 16:] << 4)
+    raw = b.reshape(n, -1)
+    q, d, _ = intref.block_quants(raw, "MXFP4", n, k)
+    assert set(q.ravel().tolist()) == set(intref.KVALUES_MXFP4.tolist()) and d[0, 0] == f32(2.0 ** -128)
+    x = tricky_rows(np.random.default_rng(4), 9, k) * f32(1e-30)
+    x[:4] = tricky_rows(np.random.default_rng(5), 4, k)
+    want = intref.product(x, raw, "MXFP4", n, k)
+    assert np.isinf(want).any() and np.isfinite(want).any()
+    for T in (1, 2, 9):
+        assert_same_bits(int_product(x[:T], raw, "MXFP4", n, k), want[:T], f"MXFP4 T={T}")

@@ -25,7 +25,8 @@ from tinydet.formats.dequant import dequantize
 
 OLD = ["Q8_0", "Q4_0", "Q4_1"]
 NEW = ["Q5_0", "Q4_K", "Q5_K", "Q6_K"]
-NATIVE = OLD + NEW
+MX = ["MXFP4"]  # E8M0 exponent scales (uint8), E2M1 codes: no fp16 scale, never a NaN weight
+NATIVE = OLD + NEW + MX
 K_QUANTS = ["Q4_K", "Q5_K", "Q6_K"]
 SHAPES = [(200, 576), (576, 1536), (100, 96)]  # (100, 96): partial panel, K not a multiple of 64
 K_SHAPES = [(200, 512), (576, 1536), (100, 256), (33, 768)]  # K-quants: K a multiple of 256
@@ -77,6 +78,8 @@ def random_blocks(name: str, n: int, k: int, seed: int, nonfinite: bool = False)
     rng = np.random.default_rng(seed)
     t = GGML_TYPES[GGML_TYPE_IDS[name]]
     nb = k // t.block_size
+    if name == "MXFP4":
+        return mxfp4_blocks(rng, n, k, nonfinite)
     if name == "Q5_0":
         gguf = pytest.importorskip("gguf", reason="the gguf package (test extra) quantizes Q5_0 blocks")
         w = (rng.standard_normal((n, k)) * np.exp2(rng.integers(-10, 4, (n, 1)))).astype(np.float32)
@@ -114,6 +117,30 @@ def random_blocks(name: str, n: int, k: int, seed: int, nonfinite: bool = False)
     return b.reshape(n, nb * t.type_size)
 
 
+# MXFP4 exponents that must survive: the subnormal scales (0, 1), the smallest normal (2), 1 (128), and
+# (nonfinite) those whose larger codes overflow to inf (253..255; 255 is 2^127, not NaN)
+MX_EXPONENTS = [0, 1, 2, 3, 100, 127, 128, 129, 160]
+MX_OVERFLOW = [253, 254, 255]
+
+
+def mxfp4_blocks(rng, n: int, k: int, nonfinite: bool = False) -> np.ndarray:
+    """(n, row bytes) MXFP4 blocks: the gguf package's quantization of random rows of many magnitudes,
+    some blocks' codes replaced by random bytes (every code occurs), some all 7 (12) or all 15 (-12),
+    the special exponents sprinkled in."""
+    gguf = pytest.importorskip("gguf", reason="the gguf package (test extra) quantizes MXFP4 blocks")
+    nb = k // 32
+    w = (rng.standard_normal((n, k)) * np.exp2(rng.integers(-10, 4, (n, 1)))).astype(np.float32)
+    b = gguf.quants.quantize(w, gguf.GGMLQuantizationType.MXFP4).reshape(n, nb, 17).copy()
+    pick = rng.random((n, nb))
+    b[pick < 0.3, 1:] = rng.integers(0, 256, (int((pick < 0.3).sum()), 16), dtype=np.uint8)
+    b[(pick >= 0.3) & (pick < 0.33), 1:] = 0x77
+    b[(pick >= 0.33) & (pick < 0.36), 1:] = 0xFF
+    special = np.array(MX_EXPONENTS + (MX_OVERFLOW if nonfinite else []), np.uint8)
+    pick = rng.random((n, nb)) < 0.08
+    b[pick, 0] = special[rng.integers(0, special.size, int(pick.sum()))]
+    return b.reshape(n, nb * 17)
+
+
 def fp32_product(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     out = np.empty((x.shape[0], w.shape[0]), np.float32)
     matmul(x, layout.pack_panels(w), w.shape[0], out)
@@ -131,7 +158,7 @@ def test_constants_match_the_float_kernel():
     assert layout.QPANEL == simd.HALF and simd.LANES == 2 * simd.HALF == 64
     assert layout.QBLOCK == 32 and simd.KBLOCK % layout.QBLOCK == 0
     assert set(layout.NATIVE_TYPES) == {layout.Q8_0, layout.Q4_0, layout.Q4_1, layout.Q5_0, layout.Q4_K, layout.Q5_K,
-                                        layout.Q6_K} == {GGML_TYPE_IDS[n] for n in NATIVE}
+                                        layout.Q6_K, layout.MXFP4} == {GGML_TYPE_IDS[n] for n in NATIVE}
     assert layout.QK_K == 256 and {GGML_TYPE_IDS[n] for n in K_QUANTS} == set(layout.K_QUANTS)
 
 
@@ -156,7 +183,7 @@ def test_qmatmul_equals_fp32_matmul(name, shape, restore_threads):
             assert_same_bits(native_product(x, qp), want, f"{name} {n}x{k} T={T} threads={threads}")
 
 
-@pytest.mark.parametrize("name", NATIVE)
+@pytest.mark.parametrize("name", OLD + NEW)
 def test_nonfinite_scales(name, restore_threads):
     """inf and NaN scales (and so inf/NaN weights): the same outputs, NaN where fp32 gives NaN."""
     n, k = 130, 256
@@ -328,7 +355,7 @@ def test_jitted_entry_points():
         layers = [layout.pack_quantized(random_blocks(name, n, k, seed=40 + i), tid, k) for i in range(2)]
         st = layout.stack(layers)
         w = layout.as_storage(st)
-        assert len(w) == (3 if name in OLD else 5)
+        assert len(w) == (3 if name in OLD + MX else 5)
         for T in (1, 6):
             x = rng.standard_normal((T, k)).astype(np.float32)
             for li in range(2):
@@ -342,7 +369,7 @@ def test_bytes_per_weight():
     per_weight = {name: layout.pack_quantized(random_blocks(name, n, k, 0), GGML_TYPE_IDS[name], k).nbytes / (n * k)
                   for name in NATIVE}
     assert per_weight == {"Q8_0": 34 / 32, "Q4_0": 18 / 32, "Q4_1": 20 / 32, "Q5_0": 22 / 32, "Q4_K": 144 / 256,
-                          "Q5_K": 176 / 256, "Q6_K": 210 / 256}  # GGUF's own sizes
+                          "Q5_K": 176 / 256, "Q6_K": 210 / 256, "MXFP4": 17 / 32}  # GGUF's own sizes
 
 
 def test_errors():
@@ -384,10 +411,10 @@ def test_errors():
 def test_generic_x86_64_target_gives_the_same_bits(tmp_path):
     """Compiled for a generic x86-64 (the vectors split into SSE registers; no F16C, FMA or AVX-512:
     integer fp16 widening, unfused multiply-adds, nibbles masked in place rather than looked up), the
-    same bits: Q4_1, Q5_K (the 5th bits, the 6-bit sub-block scales and mins) and Q6_K (the 2 high
-    bits, int8 scales, no mins). Q5_0 runs Q5_K's 5-bit blocks with Q6_K's scale-only weights; each
+    same bits: Q4_1, Q5_K (the 5th bits, the 6-bit sub-block scales and mins), Q6_K (the 2 high
+    bits, int8 scales, no mins) and MXFP4 (its codes' values computed from their bits, not looked up). Q5_0 runs Q5_K's 5-bit blocks with Q6_K's scale-only weights; each
     type is a compile of the whole product (about a minute of CI), so it is left to the host build."""
-    cases = [("Q4_1", 100, 160), ("Q5_K", 70, 512), ("Q6_K", 40, 256)]
+    cases = [("Q4_1", 100, 160), ("Q5_K", 70, 512), ("Q6_K", 40, 256), ("MXFP4", 100, 160)]
     script = tmp_path / "gen.py"
     script.write_text(
         "import sys, numpy as np, tinydet\n"
@@ -648,6 +675,8 @@ MIXED = {
     # its ffn_down: one type per layer, plus float parts (F32 / F16 rows, or a type without a kernel)
     "layers": (768, [[("Q4_K", 256)], [("Q6_K", 256)], [("f32", 64), ("Q6_K", 64), ("f16", 128)],
                      [("Q4_K", 128), ("Q6_K", 128)]]),
+    # MXFP4 (uint8 exponents) beside fp16-scaled types, in runs and alone
+    "mxfp4": (256, [[("MXFP4", 128), ("Q8_0", 70)], [("Q4_0", 64), ("MXFP4", 134)], [("MXFP4", 198)]]),
 }
 
 
@@ -777,7 +806,7 @@ def test_gemma3_every_matrix_kind_bit_identical(gemma3_path, restore_threads):
                 assert_same_bits(got, want[:T], f"{mp.type_name} layer {li} T={T}")
 
 
-@pytest.mark.parametrize("name", ["Q8_0", "Q5_0", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q8_0", "Q5_0", "Q6_K", "MXFP4"])
 def test_pack_parts_releases_each_chunk_after_copying_it(name, monkeypatch):
     """`pack_parts(..., release=)` (a token table letting its file pages go while it packs) calls
     release(r0, r1) once per chunk, in order, covering every row, and only after those rows are in
@@ -815,3 +844,75 @@ def test_scale_check_reads_every_panel():
     want = np.zeros((4 * 32, k // 32), np.float32)
     want[:n] = bits.view(np.float16).astype(np.float32)
     assert np.array_equal(qp.d.transpose(0, 2, 1).reshape(-1, k // 32).view(np.uint32), want.view(np.uint32))
+
+
+# --- 6. MXFP4: E8M0 exponents, E2M1 codes ------------------------------------------------------------------
+
+MX_SHAPES = [(200, 576), (100, 96), (33, 288), (70, 1536)]  # partial panels, K = 3, 9, 18, 48 blocks
+
+
+def test_mxfp4_equals_fp32_matmul(restore_threads):
+    """Every T from 1 to 20, 64 and 100 (decode, the few-rows path, prefill's dequantized pairs and
+    every tile shape), odd output counts, K of several blocks, threads 1/2/3: fp32's bits, and within
+    rounding of the float64 product."""
+    tid = GGML_TYPE_IDS["MXFP4"]
+    rng = np.random.default_rng(9)
+    for n, k in MX_SHAPES:
+        raw = random_blocks("MXFP4", n, k, seed=n + k)
+        w = dequantize(raw, tid, (n, k))
+        assert np.isfinite(w).all()
+        qp = layout.pack_quantized(raw, tid, k)
+        assert qp.d.dtype == np.uint8 and qp.d.shape == (-(-n // 32), k // 32, 32) and qp.m is None
+        x = rng.standard_normal((max(NEW_TOKENS), k)).astype(np.float32)
+        want_all = fp32_product(x, w)
+        ref, bound = float64_bound(x, w)
+        assert (np.abs(want_all - ref) <= bound).all()
+        for T in NEW_TOKENS:
+            want = fp32_product(x[:T], w)
+            for threads in THREADS:
+                numba.set_num_threads(threads)
+                assert_same_bits(native_product(x[:T], qp), want, f"MXFP4 {n}x{k} T={T} threads={threads}")
+
+
+def test_mxfp4_every_code_and_exponent_is_exact():
+    """Rows of one block holding all 16 codes, at every exponent 0..255, times unit vectors: each output
+    is one weight exactly as dequantize gives it (the subnormal scales of e = 0 and 1, code 8's +0, the
+    overflows to +-inf of the large exponents); embedding rows are the weights."""
+    tid = GGML_TYPE_IDS["MXFP4"]
+    n, k = 256, 32
+    b = np.zeros((n, 17), np.uint8)
+    b[:, 0] = np.arange(n)
+    codes = (np.arange(n)[:, None] * 5 + np.arange(32)[None, :]) % 16
+    b[:, 1:] = codes[:, :16] | (codes[:, 16:] << 4)
+    w = dequantize(b, tid, (n, k))
+    assert np.isinf(w).any() and (w.view(np.uint32) == 0x00200000).any()
+    qp = layout.pack_quantized(b, tid, k)
+    finite = np.isfinite(w).all(axis=1)  # an inf weight times a 0 of a unit vector is NaN: those rows apart
+    x = np.eye(k, dtype=np.float32)
+    got = native_product(x, qp)
+    assert_same_bits(got[:, finite], np.ascontiguousarray(w[finite].T) + np.float32(0.0), "MXFP4")
+    assert_same_bits(got, fp32_product(x, w), "MXFP4")
+    assert_same_bits(native_product(x[:1], qp), fp32_product(x[:1], w), "MXFP4")
+    assert_same_bits(native_product(np.ones((3, k), np.float32), qp), fp32_product(np.ones((3, k), np.float32), w))
+    rows = np.empty((n, k), np.float32)
+    loaders.embed(qp, np.arange(n), rows)
+    assert_same_bits(rows, w, "MXFP4 rows")
+
+
+def test_mxfp4_overflowing_exponents(restore_threads):
+    """Exponents whose larger codes overflow to inf (253..255) among ordinary blocks: inf and NaN outputs
+    where the fp32 path has them, the same bits elsewhere, decode and prefill."""
+    tid = GGML_TYPE_IDS["MXFP4"]
+    n, k = 130, 256
+    raw = random_blocks("MXFP4", n, k, seed=3, nonfinite=True)
+    w = dequantize(raw, tid, (n, k))
+    assert np.isinf(w).any() and not np.isnan(w).any()
+    qp = layout.pack_quantized(raw, tid, k)
+    x = np.random.default_rng(1).standard_normal((40, k)).astype(np.float32)
+    want = fp32_product(x, w)
+    assert np.isnan(want).any() and np.isfinite(want).any()
+    for threads in (1, 2):
+        numba.set_num_threads(threads)
+        for T in (1, 2, 9, 40):
+            assert_same_bits(native_product(x[:T], qp), want[:T], f"MXFP4 T={T} threads={threads}")
+

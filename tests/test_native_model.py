@@ -1,4 +1,4 @@
-"""dtype="native": each matrix kept as the file stores it (Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/Q5_K/Q6_K blocks
+"""dtype="native": each matrix kept as the file stores it (Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/Q5_K/Q6_K/MXFP4 blocks
 dequantized inside the kernels, F16 widened exactly, kinds of mixed types kept per type, other types
 dequantized at load) must give fp32's bits: the same logits, token by token and prompt at once, at any
 thread count, traced or not."""
@@ -73,6 +73,8 @@ PLANS = {
     # a real file's mix: quantized layers, Q8_0 token table, F16 output
     "Q4_1 + Q8_0 table + F16 output": lambda t: {"token_embd.weight": "Q8_0", "output.weight": "F16"}.get(t, "Q4_1"),
     "Q5_0": lambda t: "Q5_0",
+    "MXFP4": lambda t: "MXFP4",
+    "mixed per layer, MXFP4": lambda t: ("MXFP4" if layer_of(t) % 2 else "Q8_0") if layer_of(t) is not None else None,
     # types that differ between layers, or between runs of [wq; wk; wv] starting at multiples of 64
     # rows (wq: rows 0..63), stay as stored (MixedPanels)
     "mixed per layer": lambda t: ("Q4_0" if layer_of(t) % 2 else "Q8_0") if layer_of(t) is not None else None,
@@ -92,7 +94,7 @@ def test_native_equals_fp32_on_requantized_stories(tmp_path, stories_path, plan)
     ids = native.tokenize(PROMPT)
     assert_same_logits(native, fp32, ids, chunk=5)
     stored = native.backend.storage()
-    if plan in ("Q8_0", "Q4_0", "Q4_1", "Q5_0"):
+    if plan in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "MXFP4"):
         assert stored["wqkv"] == stored["wo"] == stored["w13"] == stored["output"] == plan
         assert stored["w2"] == "f32"  # 172-long rows stay F32 in the file
     if plan == "F16":
@@ -183,3 +185,28 @@ def test_verify_holds_native_to_fp32(tmp_path, stories_path):
     cells = run_matrix(load, path, [1, 403, 407], 3, dtypes=("fp32", "native"), subprocesses=False)
     assert all(c.ok for c in cells if c.dtype == "fp32")
     assert not any(c.ok for c in cells if c.dtype == "native")
+
+
+def test_mxfp4_tiny_model_native_gives_fp32_bits_and_loads_in_int8(tmp_path):
+    """A tiny Qwen2 whose every matrix (token table and output too) is MXFP4: native storage keeps the
+    blocks and gives fp32's logits bit for bit, whole prompt and in chunks; the memory estimate counts
+    the file's bytes; int8 computes the blocks in integers, close to native."""
+    from qwen2gen import write_gguf
+    from tinydet import memory
+    from tinydet.formats import open_checkpoint
+
+    path = write_gguf(tmp_path / "mx.gguf", quant="mxfp4")
+    fp32 = tinydet.load(path, dtype="fp32", threads=2)
+    native = tinydet.load(path, dtype="native", threads=2)
+    int8 = tinydet.load(path, dtype="int8", threads=2)
+    assert set(native.backend.storage().values()) == {"MXFP4"}
+    st = int8.backend.storage()
+    assert st.pop("tok_embeddings") == "MXFP4" and set(st.values()) == {"MXFP4:int8"}  # the table's rows: dequantized
+    ids = list(range(3, 40))
+    assert_same_logits(native, fp32, ids, chunk=5)
+    tensors = open_checkpoint(path).tensors
+    est = memory.weight_bytes(tensors, "native")
+    assert abs(est - native.backend.weight_bytes()) <= 0.01 * native.backend.weight_bytes()
+    assert est < 0.2 * memory.weight_bytes(tensors, "fp32") and est == memory.weight_bytes(tensors, "int8")
+    a, b = int8.logits(ids), native.logits(ids)
+    assert np.isfinite(a).all() and 0 < np.abs(a - b).max() < 0.1 * np.abs(b).max()

@@ -11,7 +11,7 @@ from tinydet.formats.ggml import GGML_TYPE_IDS, GGML_TYPES
 from tinydet.formats.gguf import GGUFFile
 from tinydet.formats.dequant import SUPPORTED_TYPES, dequantize
 
-ALL_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
+ALL_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "MXFP4"]
 
 # Byte offsets of the fp16 scale fields inside one block (ggml-common.h).
 SCALE_OFFSETS = {
@@ -72,6 +72,9 @@ def random_tensor(name: str, seed: int) -> tuple[np.ndarray, tuple[int, ...]]:
         vals = rng.permutation(np.arange(1 << 16, dtype=np.uint32)).astype(np.uint16)
         return vals.view(np.uint8), (256, 256)
     raw = rng.integers(0, 256, (BLOCKS, t.type_size), dtype=np.uint8)
+    if name == "MXFP4":  # every E8M0 exponent 0..255 once (subnormal scales, overflow to inf), random codes
+        raw[:, 0] = rng.permutation(256).astype(np.uint8)
+        return raw.reshape(-1), (16, 16 * t.block_size)
     offs = SCALE_OFFSETS[name]
     sp = np.array(SPECIAL_F16, dtype=np.uint16)
     i = np.arange(BLOCKS)
@@ -200,6 +203,34 @@ HAND["Q6_K"] = (bytes([0x00] * 32 + [0xFF] * 32 + [0x11] * 32 + [0x80] * 32 + [0
                 + struct.pack("<16b", 1, -1, 2, -2, 127, -128, 0, 3, 4, 5, 6, 7, 8, 9, 10, -10) + h(0x3400),
                 np.repeat([-8.0, 8.0, 15.5, -15.5, 0.0, -0.0, -0.0, -0.75,
                            -31.0, -38.75, 24.0, 28.0, -30.0, -33.75, 20.0, -20.0], 16).tolist())
+
+
+# MXFP4: block 1: e = 128 (d = 2^0 = 1), qs[j] = j | (15 - j) << 4: y[j] = kvalues[j], y[16 + j] =
+# kvalues[15 - j] (kvalues: the E2M1 values doubled; code 8 is +0). Block 2: e = 0 (d = 2^-128, a float32
+# subnormal), qs = 0x71 (codes 1 and 7): 2^-128 and 12 * 2^-128. Block 3: e = 255 (d = 2^127, no NaN),
+# qs = 0xA1 (codes 1 and 10 = -2): 2^127 and -2^128, which overflows to -inf.
+MX_KV = [0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 0.0, -1.0, -2.0, -3.0, -4.0, -6.0, -8.0, -12.0]
+HAND["MXFP4"] = (bytes([128]) + bytes(j | (15 - j) << 4 for j in range(16)) + bytes([0]) + bytes([0x71] * 16)
+                 + bytes([255]) + bytes([0xA1] * 16),
+                 MX_KV + MX_KV[::-1] + [2.0 ** -128] * 16 + [12 * 2.0 ** -128] * 16
+                 + [2.0 ** 127] * 16 + [float("-inf")] * 16)
+
+
+def test_mxfp4_every_code_and_exponent():
+    """Every (exponent, code) pair of MXFP4 against gguf-py and against kvalues * 2^(e - 128) computed in
+    float64 (exact, then rounded once to float32: every value but the overflows is a float32)."""
+    e = np.repeat(np.arange(256), 16).astype(np.uint8)  # block i: exponent i // 16
+    codes = np.arange(16, dtype=np.uint8)
+    raw = np.zeros((256 * 16, 17), np.uint8)
+    raw[:, 0] = e
+    raw[:, 1:] = (codes[None, :] | (codes[None, ::-1] << 4))  # low nibbles 0..15, high 15..0
+    got = dequantize(raw, GGML_TYPE_IDS["MXFP4"], (raw.shape[0], 32))
+    assert_same_bits(got, reference(raw, "MXFP4", (raw.shape[0], 32)))
+    kv = np.array(MX_KV)
+    want = np.ldexp(np.concatenate([kv, kv[::-1]])[None, :], e.astype(np.int64)[:, None] - 128)
+    with np.errstate(over="ignore"):
+        assert_same_bits(got, want.astype(np.float32))
+    assert np.isinf(got).any() and (bits(got) == 0x00200000).any() and not (bits(got) == 0x80000000).any()
 
 
 @pytest.mark.parametrize("name", ALL_TYPES)

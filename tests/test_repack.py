@@ -79,7 +79,7 @@ def test_stack_equals_the_numpy_packer_per_layer(name):
         assert done == [0, 1, 2]
         want = layout.stack([packref.pack_parts([(a, None), (b, None)], tid, k) for a, b in layers])
         assert_same_panels(got, want, f"{name} poison={poison}", layers=3)
-        assert (got.d.dtype == np.float32) == poison
+        assert (got.d.dtype == np.float32) == (poison and name != "MXFP4")  # E8M0 bytes: no NaN, kept as stored
 
 
 def test_stack_errors():

@@ -27,6 +27,9 @@ QUANTS = {
     "q4_1": ("Q4_1", "MOSTLY_Q4_1"),
     "q5_0": ("Q5_0", "MOSTLY_Q5_0"),
     "q5_1": ("Q5_1", "MOSTLY_Q5_1"),
+    # llama.cpp's converter stores only MoE experts as MXFP4 (gpt-oss); here any matrix may be, to test
+    # the type on every kind of matrix
+    "mxfp4": ("MXFP4", "MOSTLY_MXFP4_MOE"),
 }
 
 

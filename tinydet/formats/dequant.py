@@ -130,6 +130,30 @@ def _deq_q5_1(b: np.ndarray, out: np.ndarray) -> None:
     np.add(out, m, out=out)
 
 
+# MXFP4 (39): block_mxfp4, 32 elements in 17 bytes: uint8 e (an E8M0 exponent); uint8 qs[16] (nibbles,
+# element order as Q4_0). y[j] = d * KVALUES_MXFP4[nibble], with d = 2^(e - 128): ggml's
+# GGML_E8M0_TO_FP32_HALF (E8M0's 2^(e - 127), halved because kvalues are the E2M1 values doubled), built
+# from bits as ggml and gguf-py build it: e < 2 the float32 subnormals 2^-128 (0x00200000) and 2^-127,
+# else (e - 1) << 23. No special case for e = 255 (2^127, not NaN). d * q is exact unless it overflows
+# (|q| * 2^(e - 128) >= 2^128, e.g. 12 at e >= 253: inf, as in gguf-py). Code 8 is +0, not -0.
+KVALUES_MXFP4 = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+_KV_MXFP4 = np.array(KVALUES_MXFP4, _F32)
+
+
+def e8m0_half(e: np.ndarray) -> np.ndarray:
+    """E8M0 exponent bytes (uint8, any shape) -> float32 2^(e - 128), ggml's GGML_E8M0_TO_FP32_HALF."""
+    e = e.astype(np.uint32)
+    return np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23)).astype(np.uint32).view(_F32)
+
+
+def _deq_mxfp4(b: np.ndarray, out: np.ndarray) -> None:
+    d = e8m0_half(b[:, 0:1])
+    q = np.empty(out.shape, _U8)
+    np.bitwise_and(b[:, 1:17], _U8(0x0F), out=q[:, :16])
+    np.right_shift(b[:, 1:17], _U8(4), out=q[:, 16:])
+    np.multiply(d, _KV_MXFP4[q], out=out)  # gguf: `d * qs.astype(float32)`
+
+
 def _k_scale_min(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The 8 six-bit scales and 8 six-bit mins of Q4_K/Q5_K, from the 12 packed bytes (ggml's
     get_scale_min_k4): for j < 4 sc = s[j] & 63, m = s[j+4] & 63; for j >= 4
@@ -227,6 +251,7 @@ _BLOCKWISE: dict[int, Callable[[np.ndarray, np.ndarray], None]] = {
     GGML_TYPE_IDS["Q4_K"]: _deq_q4_k,
     GGML_TYPE_IDS["Q5_K"]: _deq_q5_k,
     GGML_TYPE_IDS["Q6_K"]: _deq_q6_k,
+    GGML_TYPE_IDS["MXFP4"]: _deq_mxfp4,
 }
 
 #: ggml type ids `dequantize` accepts -> type name.

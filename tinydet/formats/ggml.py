@@ -28,11 +28,13 @@ GGML_TYPES = {
     13: GGMLType("Q5_K", 256, 176),
     14: GGMLType("Q6_K", 256, 210),
     30: GGMLType("BF16", 1, 2),
+    39: GGMLType("MXFP4", 32, 17),  # gpt-oss's expert weights: an E8M0 exponent byte, 16 bytes of E2M1 nibbles
 }
 GGML_TYPE_IDS = {t.name: i for i, t in GGML_TYPES.items()}
 
 F32, F16, BF16 = GGML_TYPE_IDS["F32"], GGML_TYPE_IDS["F16"], GGML_TYPE_IDS["BF16"]
 Q8_0, Q4_0, Q4_1 = GGML_TYPE_IDS["Q8_0"], GGML_TYPE_IDS["Q4_0"], GGML_TYPE_IDS["Q4_1"]
+MXFP4 = GGML_TYPE_IDS["MXFP4"]
 
 
 def row_bytes(ggml_type: int, row_length: int) -> int:

@@ -6,9 +6,12 @@ bs their block sum, dw (and Q4_1's mw) the weight block's fp16 scale widened exa
   isum = the exact integer dot of the weight quants and q; weights enter unsigned (nibbles 0..15,
          Q5_0's 5-bit 0..31) and the offset is folded in after: isum = sum(n_i q_i) - 8 bs (Q4_0),
          - 16 bs (Q5_0); Q8_0's int8 quants enter as they are
-  f    = float(isum) * (dw * dx)                                 Q8_0, Q4_0, Q5_0
+  f    = float(isum) * (dw * dx)                                 Q8_0, Q4_0, Q5_0, MXFP4
   f    = float(isum) * (dw * dx) + float(bs) * (mw * dx)         Q4_1 (isum without offset)
-each product rounded on its own (no FMA). The K-quants take activations in blocks of 256 (dx per
+each product rounded on its own (no FMA). MXFP4 (ggml's ggml_vec_dot_mxfp4_q8_0, with float32 dx): the
+weight quants are its codes' values kvalues[code] (-12..12) plus 12, looked up per byte (`iv_mx`), so
+0..24 enter unsigned and isum = sum(u_i q_i) - 12 bs = sum(kvalues_i q_i); dw = 2^(e - 128) from the
+exponent byte's bits (`qblocks.v_e8m0`, exact), |isum| <= 32 * 12 * 127. The K-quants take activations in blocks of 256 (dx per
 256) and per super-block of 256, with sc, mn the sub-blocks' 6-bit scales and mins (Q6_K: int8 scales
 per 16 elements) and dot_j the exact integer dot of sub-block j's unsigned quants with q:
   Q4_K, Q5_K  isum = sum_j sc_j * dot_j, msum = sum_j mn_j * bs_j (j over 8 sub-blocks of 32)
@@ -31,6 +34,9 @@ input the kernels give them (a <= 128, -127 <= b <= 127, so nothing overflows or
                 (`iv_fold`), where the 32-bit lowerings multiply (1B Q4_K_M down and gate
                 projections, 128 rows: 0.57-0.75x the time)
   elsewhere     plain LLVM vector integer IR (widen, multiply, add), any target
+MXFP4's code -> kvalue + 12 lookup (`iv_mx`) likewise: vpshufb on AVX-512BW (zmm) and AVX2 (ymm), each
+128-bit lane holding the 16-entry table; elsewhere integer byte arithmetic on the code's bits; the same
+bytes (quants of at most 24: pairs at most 2 * 24 * 127 = 6096, five calls' halves under 32767).
 Q8_0's signed weights enter as |w| against q with w's sign (|w| <= 128: -128 is a valid int8). Integer
 sums are exact, so the lowering changes speed only, never a bit.
 
@@ -49,6 +55,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
+from .qblocks import KVALUES_MXFP4, v_e8m0
 from .simd import HALF, _F32V32, _c_array, _ptr, _splat, broadcast, kahan, target_has, target_isa, v32_load, v32_splat
 from .simd import v32_zero, v_add, v_mul, v_sub, widen
 from .tiles import put
@@ -220,8 +227,8 @@ def pairs16() -> bool:
 
 # The most iv_dot16 calls one accumulator may take before `iv_fold` when `pairs16()`: a 16-bit half
 # holds 2 products per call, so n calls stay under 32767 while n * 2 * wmax * 127 does (weights at most
-# wmax: 15 for 4-bit quants, 31 for 5-bit, 63 for Q6_K's 6-bit).
-DOT16_CALLS = {15: 8, 31: 4, 63: 2}
+# wmax: 15 for 4-bit quants, 24 for MXFP4's kvalues + 12, 31 for 5-bit, 63 for Q6_K's 6-bit).
+DOT16_CALLS = {15: 8, 24: 5, 31: 4, 63: 2}
 
 
 @intrinsic
@@ -266,6 +273,47 @@ def iv_fold(typingctx, acc, s):
     return _IV(acc, s), codegen
 
 
+_MX_U = [v + 12 for v in KVALUES_MXFP4]  # MXFP4 code -> its value + 12: 0..24, unsigned for the byte dots
+
+
+@intrinsic
+def iv_mx(typingctx, v):
+    """Each byte of v, an MXFP4 code 0..15, replaced by kvalues[code] + 12 (`_MX_U`). AVX-512BW / AVX2:
+    vpshufb against the table in every 128-bit lane. Elsewhere in byte arithmetic: m = code & 7, its
+    magnitude m + (m > 4 ? m - 4 : 0) + (m == 7 ? 2 : 0), then 12 minus it where bit 3 is set, else 12
+    plus it. Integers either way: the same bytes."""
+    if v != _IV:
+        return None
+
+    def codegen(context, builder, sig, args):
+        if target_has(context, "avx512bw") or target_has(context, "avx2"):
+            n, name = (64, "llvm.x86.avx512.pshuf.b.512") if target_has(context, "avx512bw") else (
+                32, "llvm.x86.avx2.pshuf.b")
+            vb, vn = ir.VectorType(_I8, 4 * HALF), ir.VectorType(_I8, n)
+            fn = _declare(builder, name, vn, [vn, vn])
+            table = ir.Constant(vn, [ir.Constant(_I8, _MX_U[i % 16]) for i in range(n)])
+            b = builder.bitcast(args[0], vb)
+            und = ir.Constant(vb, ir.Undefined)
+            parts = [builder.call(fn, [table, builder.shuffle_vector(b, und, ir.Constant(
+                ir.VectorType(_I32, n), list(range(c, c + n))))]) for c in range(0, 4 * HALF, n)]
+            while len(parts) > 1:
+                m = parts[0].type.count
+                parts = [builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(_I32, 2 * m), list(range(2 * m))))
+                         for x, y in zip(parts[::2], parts[1::2])]
+            return builder.bitcast(parts[0], _VI)
+        vb = ir.VectorType(_I8, 4 * HALF)
+        c = builder.bitcast(args[0], vb)
+        m = builder.and_(c, _splat(vb, 7))
+        over4 = builder.select(builder.icmp_unsigned(">", m, _splat(vb, 4)), builder.sub(m, _splat(vb, 4)), _splat(vb, 0))
+        seven = builder.select(builder.icmp_unsigned("==", m, _splat(vb, 7)), _splat(vb, 2), _splat(vb, 0))
+        mag = builder.add(builder.add(m, over4), seven)
+        neg = builder.icmp_unsigned("!=", builder.and_(c, _splat(vb, 8)), _splat(vb, 0))
+        u = builder.select(neg, builder.sub(_splat(vb, 12), mag), builder.add(_splat(vb, 12), mag))
+        return builder.bitcast(u, _VI)
+
+    return _IV(v), codegen
+
+
 @intrinsic
 def iv_dot(typingctx, acc, a, b):
     """acc + per lane sum_i a_i * b_i over the lane's 4 bytes, a unsigned (<= 128), b signed (>= -127)."""
@@ -302,6 +350,8 @@ def int_kind(w) -> str | None:
         return None
     if w[1].dtype == types.int8:
         return "Q8_0"
+    if w[2].dtype == types.uint8:  # E8M0 exponents: no other type's scale
+        return "MXFP4"
     if not isinstance(w[4], types.NoneType):
         if w[4].dtype == types.int8:
             return "Q6_K"
@@ -319,7 +369,7 @@ def act_block(w) -> int:
     return 256 if int_kind(w) in K_KINDS else 32
 
 
-_OFFSET = {"Q8_0": 0, "Q4_0": 8, "Q4_1": 0, "Q5_0": 16}
+_OFFSET = {"Q8_0": 0, "Q4_0": 8, "Q4_1": 0, "Q5_0": 16, "MXFP4": 12}
 # Q5_0's 5th bits of a group of 8 (bits 8g .. 8g+7 of the block's word, shifted down) moved to bit 4 of
 # the byte of their element: elements (0, 2, 4, 6) to bytes 0..3, (1, 3, 5, 7) likewise
 _HI_EVEN = "iv_or(iv_or(iv_shl(iv_and(h, 1), 4), iv_shl(iv_and(h, 4), 10)), iv_or(iv_shl(iv_and(h, 16), 16), iv_shl(iv_and(h, 64), 22)))"
@@ -423,7 +473,7 @@ def _source(kind: str, R: int) -> str:
     if kind == "Q5_0":
         L.append("        hb = iv_load(qh, pb * 32)")
     fold = kind != "Q8_0" and pairs16()  # 16-bit halves, folded after each run of G words
-    G = _group_calls(31 if kind == "Q5_0" else 15) if fold else 4
+    G = _group_calls({"Q5_0": 31, "MXFP4": 24}.get(kind, 15)) if fold else 4
     L.append(f"        for gh in range({4 // G}):")
     L += [f"            e{i} = iv_zero()" for i in r] if fold else []
     L += [f"            for g2 in range({G}):", f"                g = {G} * gh + g2"]
@@ -437,13 +487,15 @@ def _source(kind: str, R: int) -> str:
         if kind == "Q5_0":
             L += ["                h = iv_and(iv_shr(hb, 8 * g), 0xFF)", f"                w0 = iv_or(w0, {_HI_EVEN})",
                   f"                w1 = iv_or(w1, {_HI_ODD})"]
+        if kind == "MXFP4":  # codes -> kvalues + 12
+            L += ["                w0 = iv_mx(w0)", "                w1 = iv_mx(w1)"]
         dot = "iv_dot16" if fold else "iv_dot"
     for i in r:
         acc = f"e{i}" if fold else f"a{i}"
         L.append(f"                {acc} = {dot}({dot}({acc}, w0, iv_word(xq, r{i} * K + b * 32 + 8 * g)), w1, "
                  f"iv_word(xq, r{i} * K + b * 32 + 8 * g + 4))")
     L += [f"            a{i} = iv_add(a{i}, iv_fold(e{i}, 1))" for i in r] if fold else []
-    L.append("        dw = v32_load(d, pb * 32)")
+    L.append(f"        dw = {'v_e8m0' if kind == 'MXFP4' else 'v32_load'}(d, pb * 32)")
     if kind == "Q4_1":
         L.append("        mw = v32_load(m, pb * 32)")
     for i in r:
@@ -463,7 +515,7 @@ def _source(kind: str, R: int) -> str:
 
 _ENV = dict(np=np, iv_zero=iv_zero, iv_load=iv_load, iv_word=iv_word, iv_and=iv_and, iv_or=iv_or, iv_sub=iv_sub,
             iv_shl=iv_shl, iv_shr=iv_shr, iv_add=iv_add, iv_mul=iv_mul, iv_bytes=iv_bytes, v_sub=v_sub, iv_float=iv_float, iv_dot=iv_dot, iv_dot_signed=iv_dot_signed,
-            iv_dot16=iv_dot16, iv_fold=iv_fold,
+            iv_dot16=iv_dot16, iv_fold=iv_fold, iv_mx=iv_mx, v_e8m0=v_e8m0,
             v32_zero=v32_zero, v32_load=v32_load, v32_splat=v32_splat, v_add=v_add, v_mul=v_mul, kahan=kahan, put=put)
 
 

@@ -4,7 +4,7 @@ block dots read 4 bytes to a 32-bit lane. Layout only: the bytes are the file's,
 Every type keeps the native panels of `layout.py` (32 rows side by side, fp16 scales as stored) but
 Q8_0, whose int8 quants are regrouped:
 
-  Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K  the native arrays as they are. A nibble word holds elements 8g .. 8g+7 of a block;
+  Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, MXFP4  the native arrays as they are. A nibble word holds elements 8g .. 8g+7 of a block;
                     `w & 0x0F0F0F0F` is elements (0, 2, 4, 6) of the group, one per byte, and
                     `(w >> 4) & 0x0F0F0F0F` elements (1, 3, 5, 7): the activations are stored in that
                     order (`actq.py`), so the words feed the byte dots with no shuffle.
@@ -23,10 +23,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .layout import K_QUANTS, NATIVE_TYPES, QBLOCK, QK_K, Q4_K, Q5_0, Q5_K, Q6_K, QPanels, aligned_empty
-from ...formats.ggml import Q4_0, Q4_1, Q8_0
+from ...formats.ggml import MXFP4, Q4_0, Q4_1, Q8_0
 
 #: the types the integer mode computes in integers; others keep native mode's float path
-INT_TYPES = (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K)
+INT_TYPES = (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, MXFP4)
 _TAG = np.zeros(0, np.bool_)
 
 
@@ -38,7 +38,7 @@ class IntPanels:
     n: int
     k: int
     qs: np.ndarray  # Q8_0: int8 (P, k/32, 8, 32, 4); the others: native uint32 (P, k/32, 4, 32)
-    d: np.ndarray  # (P, k/32, 32) (K-quants: (P, k/256, 32)) uint16 fp16 bits or float32, as QPanels.d
+    d: np.ndarray  # (P, k/32, 32) (K-quants: (P, k/256, 32)) uint16 fp16 bits or float32 (MXFP4: uint8), as QPanels.d
     m: np.ndarray | None = None  # Q4_1's mins, Q4_K/Q5_K's dmin
     sc: np.ndarray | None = None  # the K-quants' sub-block scales, as QPanels.sc
     qh: np.ndarray | None = None  # Q5_0/Q5_K's 5th bits, Q6_K's high 2 bits, as QPanels.qh
@@ -64,7 +64,8 @@ class IntPanels:
         nb, ns = k // QBLOCK, k // QK_K
         scale = ((np.uint16, np.float32), (P, ns if t in K_QUANTS else nb, 32))
         want = {"qs": ((np.int8,), (P, nb, 8, 32, 4)) if t == Q8_0 else ((np.uint32,), (P, nb, 4, 32)),
-                "d": scale, "m": scale if t in (Q4_1, Q4_K, Q5_K) else None,
+                "d": ((np.uint8,), (P, nb, 32)) if t == MXFP4 else scale,
+                "m": scale if t in (Q4_1, Q4_K, Q5_K) else None,
                 "sc": {Q4_K: ((np.uint8,), (P, ns, 12, 32)), Q5_K: ((np.uint8,), (P, ns, 12, 32)),
                        Q6_K: ((np.int8,), (P, ns, 16, 32))}.get(t),
                 "qh": {Q5_0: ((np.uint32,), (P, nb, 32)), Q5_K: ((np.uint32,), (P, nb, 32)),

@@ -4,7 +4,7 @@ bytes and never rounds anything (fp16's one rounding is `simd.to_f16_bits`, at l
 Float panels: W[N, K] -> Wp[ceil(N/64), K, 64], rows past N zero: the inner loop of the matrix
 product runs over 64 independent outputs.
 
-Quantized panels, for GGUF's block-quantized matrices (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K), read
+Quantized panels, for GGUF's block-quantized matrices (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, MXFP4), read
 by `loaders.py`: the fp32 path dequantizes W[N, K] and packs it as float panels; the native path keeps
 GGUF's blocks and rearranges them the same way, L = 32 rows (outputs, `QPANEL`) side by side, so that
 the kernel's inner loop runs over L contiguous lanes just as it does for floats. With P = ceil(N / 32)
@@ -21,12 +21,14 @@ panels, nb = K/32 blocks of 32 elements and ns = K/256 super-blocks (K-quants) p
       Q6_K    int8   (P, ns, 16, 32)  the 16 int8 scales (one per 16 elements), as stored
   d   all     uint16 (P, nb, 32)      fp16 bits of the scale d of block b of row 32p+j (K-quants:
                                       (P, ns, 32), super-block s's d)
+      MXFP4   uint8  (P, nb, 32)      the E8M0 exponent byte e of block b of row 32p+j, as stored
   m   Q4_1    uint16 (P, nb, 32)      fp16 bits of its min m
       Q4_K,   uint16 (P, ns, 32)      fp16 bits of super-block s's dmin
       Q5_K
 
-i.e. exactly GGUF's bytes per weight (34/32, 18/32, 20/32, 22/32, 144/256, 176/256, 210/256). The
-4-bit quants are regrouped from ggml's byte order (Q4_x/Q5_0 byte i: element i in the low nibble,
+i.e. exactly GGUF's bytes per weight (34/32, 18/32, 20/32, 22/32, 144/256, 176/256, 210/256, MXFP4's
+17/32; its nibbles are E2M1 codes, not integers, `qblocks.py`). The
+4-bit quants are regrouped from ggml's byte order (Q4_x/Q5_0/MXFP4 byte i: element i in the low nibble,
 element 16+i in the high one; Q4_K/Q5_K: sub-block 2c the low and 2c+1 the high nibbles of bytes
 32c..32c+31; Q6_K's own interleaving, `formats.dequant`) into 32-bit words of 8 consecutive elements,
 so that one shift (and a mask or a table lookup) gives L lanes' quants for one k: decode is
@@ -55,7 +57,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from ...formats.ggml import GGML_TYPE_IDS, GGML_TYPES, Q4_0, Q4_1, Q8_0
+from ...formats.ggml import GGML_TYPE_IDS, GGML_TYPES, MXFP4, Q4_0, Q4_1, Q8_0
 from .simd import HALF as QPANEL  # rows per quantized panel: the kernels' 32-lane vectors
 from . import repack
 from .simd import LANES, from_f16_bits
@@ -66,7 +68,7 @@ Q5_0, Q4_K, Q5_K, Q6_K = (GGML_TYPE_IDS[t] for t in ("Q5_0", "Q4_K", "Q5_K", "Q6
 K_QUANTS = (Q4_K, Q5_K, Q6_K)
 
 #: ggml type ids the native path handles -> type name.
-NATIVE_TYPES = {t: GGML_TYPES[t].name for t in (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K)}
+NATIVE_TYPES = {t: GGML_TYPES[t].name for t in (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, MXFP4)}
 
 
 def aligned_empty(shape, dtype, align: int = 64) -> np.ndarray:
@@ -95,7 +97,7 @@ def _shapes(t: int, P: int, k: int) -> dict:
     nb, ns = k // QBLOCK, k // QK_K
     scale = (None, (P, ns if t in K_QUANTS else nb, QPANEL))
     return {"qs": (np.int8, (P, k, QPANEL)) if t == Q8_0 else (np.uint32, (P, nb, 4, QPANEL)),
-            "d": scale,
+            "d": (np.uint8, (P, nb, QPANEL)) if t == MXFP4 else scale,
             "m": scale if t in (Q4_1, Q4_K, Q5_K) else None,
             "sc": {Q4_K: (np.uint8, (P, ns, 12, QPANEL)), Q5_K: (np.uint8, (P, ns, 12, QPANEL)),
                    Q6_K: (np.int8, (P, ns, 16, QPANEL))}.get(t),
@@ -111,7 +113,7 @@ class QPanels:
     n: int  # rows (outputs)
     k: int  # row length (inputs), a multiple of 32 (of 256 for K-quants)
     qs: np.ndarray  # Q8_0: int8 (P, k, 32); the others: uint32 (P, k/32, 4, 32)
-    d: np.ndarray  # (P, k/32, 32) (K-quants: (P, k/256, 32)) uint16 fp16 bits, or float32
+    d: np.ndarray  # (P, k/32, 32) (K-quants: (P, k/256, 32)) uint16 fp16 bits, or float32; MXFP4: uint8 E8M0
     m: np.ndarray | None = None  # Q4_1's mins, Q4_K/Q5_K's dmin: like d; otherwise None
     sc: np.ndarray | None = None  # K-quants' sub-block scales (and mins); otherwise None
     qh: np.ndarray | None = None  # Q5_0/Q5_K's 5th bits, Q6_K's high 2 bits; otherwise None
@@ -290,7 +292,7 @@ def pack_parts(parts: Sequence[tuple], ggml_type: int, k: int,
     out = _new_panels(tid, _shapes(tid, -(-n // QPANEL), k))
     _pack_into(tid, out, srcs, release)
     for name in ("d", "m"):
-        if name in out:
+        if name in out and out[name].dtype == np.uint16:  # fp16 scales (not MXFP4's E8M0 bytes)
             out[name] = _scale_storage(out[name])
     return QPanels(tid, n, k, out["qs"], out["d"], out.get("m"), out.get("sc"), out.get("qh"))
 
@@ -314,7 +316,7 @@ def pack_stack(layers: Sequence[Sequence[tuple]], ggml_type: int, k: int,
         if done is not None:
             done(li)
     for name in ("d", "m"):  # a NaN scale in any layer: every layer's scales as float32 (as stack)
-        if name in out:
+        if name in out and out[name].dtype == np.uint16:
             out[name] = _scale_storage(out[name])
     return QPanels(tid, n, k, out["qs"], out["d"], out.get("m"), out.get("sc"), out.get("qh"))
 

@@ -1,5 +1,5 @@
 """How the one matrix product (`matmul.py`) reads each storage type: float panels (float32 or fp16
-bits) and GGUF's quantized blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K) in the panel layout of
+bits) and GGUF's quantized blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, MXFP4) in the panel layout of
 `layout.py`.
 
 Every weight reaches the sum as exactly the float32 value `formats.dequant` gives it (`qblocks.py`

@@ -1,4 +1,4 @@
-"""GGUF's quantized blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K) in quantized panels
+"""GGUF's quantized blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, MXFP4) in quantized panels
 (`layout.py`), read as float32.
 
 Every weight reaches the sum as exactly the float32 value `formats.dequant` gives it, by the same
@@ -14,6 +14,8 @@ as an integer, converted exactly):
   Q5_K                               and min); q = the nibble (Q5_K: | 5th bit << 4)
   Q6_K  w = dl * q                   dl = d * sc (sc: the 16 elements' int8 scale);
                                      q = (nibble | high 2 bits << 4) - 32
+  MXFP4 w = d * q                    d = 2^(e - 128) built from e's bits (`v_e8m0`, dequant.e8m0_half);
+                                     q = kvalues[nibble], the E2M1 code's value doubled (`v_mx`)
 dequant.py subtracts Q4_0's 8 (Q5_0's 16, Q6_K's 32) in float32 (`float(q) - 8.0`); that subtraction is
 exact for every quant, so doing it on the integer before the exact conversion gives the same float.
 The fused multiply-adds are Q4_1's (d * q) + m and Q4_K/Q5_K's (dl * q) + (-ml) where the target has
@@ -25,7 +27,9 @@ Speed: decode of quantized panels is compute-bound here (dequantizing costs more
 bytes it saves take to load), hence 32-lane panels and 4-bit quants regrouped into 32-bit words of 8.
 Where the compile target has AVX-512F, nibble i of a word is one shift and one `vpermps` lookup in the
 16-entry table of the quants' floats. Elsewhere nibbles 0..6 are one mask, word & (15 << 4i), converted:
-the exact float q * 2^4i, which meets the scale pre-multiplied by 2^-4i (`v_nib_scale`); the 5- and
+the exact float q * 2^4i, which meets the scale pre-multiplied by 2^-4i (`v_nib_scale`); MXFP4's
+codes, not integers, are looked up the same way on AVX-512F and elsewhere computed from the code's bits
+in integers (`v_mx`), each weight then d * q with d unscaled; the 5- and
 6-bit quants' high bits are moved next to their nibble in one shift (`v_hiq`). Both factors are exact
 (a power of two moves the exponent of an fp16 scale, at least 2^-24, nowhere near float32's
 subnormals) and their product is the same real number as d * q, so the same float. AVX2 build, one
@@ -136,6 +140,77 @@ def v_nib_scale(typingctx, d, i):
         return builder.fmul(args[0], broadcast(builder, _vec(_F), scale))
 
     return _F32V32(d, i), codegen
+
+
+# MXFP4's E2M1 codes as the integers ggml's kvalues_mxfp4 gives them (formats.dequant.KVALUES_MXFP4)
+KVALUES_MXFP4 = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+
+
+@intrinsic
+def v_mx(typingctx, arr, idx, i):
+    """The values kvalues[code] of MXFP4 codes, nibble i (0..7) of the 32 words at arr[idx:], as float32
+    (exact small integers; code 8 gives +0, as ggml's table). AVX-512F: a `vpermps` lookup in the table
+    of their floats. Elsewhere in integers from the code's bits: m = code & 7 is the magnitude's code,
+    m + max(m - 4, 0) + 2 (m == 7) its value (0, 1, 2, 3, 4, 6, 8, 12), negated where bit 3 is set,
+    then converted: the same floats."""
+    if not (_c_array(arr, types.uint32) and isinstance(idx, types.Integer) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        vi = _vec(_I32)
+        ptr = _ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], vi)
+        word = builder.load(ptr, align=4)
+        four_i = builder.mul(context.cast(builder, args[2], sig.args[2], types.uint32), ir.Constant(_I32, 4))
+        code = builder.lshr(word, broadcast(builder, vi, four_i))
+        if target_has(context, "avx512f"):
+            return _permvar_table(builder, code, KVALUES_MXFP4)
+        code = builder.and_(code, _splat(vi, 15))
+        m = builder.and_(code, _splat(vi, 7))
+        over4 = builder.select(builder.icmp_signed(">", m, _splat(vi, 4)), builder.sub(m, _splat(vi, 4)), _splat(vi, 0))
+        seven = builder.select(builder.icmp_signed("==", m, _splat(vi, 7)), _splat(vi, 2), _splat(vi, 0))
+        mag = builder.add(builder.add(m, over4), seven)
+        neg = builder.icmp_signed("!=", builder.and_(code, _splat(vi, 8)), _splat(vi, 0))
+        return builder.sitofp(builder.select(neg, builder.sub(_splat(vi, 0), mag), mag), _vec(_F))
+
+    return _F32V32(arr, idx, i), codegen
+
+
+def _e8m0_bits(builder, e):
+    """i32 (vector or scalar) exponents e (0..255) -> the bits of float32 2^(e - 128): ggml's
+    GGML_E8M0_TO_FP32_HALF, e < 2 the subnormals 0x00200000 << e, else (e - 1) << 23."""
+    def c(v):
+        return _splat(e.type, v) if isinstance(e.type, ir.VectorType) else ir.Constant(e.type, v)
+
+    small = builder.icmp_unsigned("<", e, c(2))
+    # e & 1 is e where e < 2; a shift by e itself would be poison for e >= 32 (unselected, but kept clear)
+    return builder.select(small, builder.shl(c(0x00200000), builder.and_(e, c(1))),
+                          builder.shl(builder.sub(e, c(1)), c(23)))
+
+
+@intrinsic
+def v_e8m0(typingctx, arr, idx):
+    """32 MXFP4 exponent bytes arr[idx:] (uint8) as float32 scales 2^(e - 128) (`_e8m0_bits`): exact."""
+    if not (_c_array(arr, types.uint8) and isinstance(idx, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1], _vec(ir.IntType(8)))
+        e = builder.zext(builder.load(ptr, align=1), _vec(_I32))
+        return builder.bitcast(_e8m0_bits(builder, e), _vec(_F))
+
+    return _F32V32(arr, idx), codegen
+
+
+@intrinsic
+def e8m0(typingctx, e):
+    """One MXFP4 exponent byte (uint8) as the float32 scale 2^(e - 128) (`_e8m0_bits`)."""
+    if e != types.uint8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(_e8m0_bits(builder, builder.zext(args[0], _I32)), _F)
+
+    return types.float32(e), codegen
 
 
 @intrinsic
@@ -250,10 +325,12 @@ v_k_min = _k_scale_min(True)
 
 def kind_of(w) -> str:
     """The ggml type name of a quantized storage tuple's numba type (layout.as_storage): (qs, d, m) for
-    Q8_0/Q4_0/Q4_1, (qs, d, m, sc, qh) for Q5_0 and the K-quants (and for the first three, with sc and
+    Q8_0/Q4_0/Q4_1/MXFP4 (MXFP4's d uint8), (qs, d, m, sc, qh) for Q5_0 and the K-quants (and for the first three, with sc and
     qh None, as parts of a mixed storage); None for anything else."""
     if not isinstance(w, types.BaseTuple) or len(w) not in (3, 5):
         return None
+    if isinstance(w[1], types.Array) and w[1].dtype == types.uint8:  # E8M0 exponents: no other type's scale
+        return "MXFP4"
     qs, m = w[0], w[2]
     sc, qh = (w[3], w[4]) if len(w) == 5 else (types.none, types.none)
     if isinstance(sc, types.NoneType) and isinstance(qh, types.NoneType):
@@ -327,6 +404,25 @@ def nib_block(qs, pb, kb, db, mb, x, r0, a, wbuf, woff):
         a = acc(a, w_q4(qs, base, 5, d5, mb), x, r0 + k + 5, wbuf, wi + 5 * LANES)
         a = acc(a, w_q4(qs, base, 6, d6, mb), x, r0 + k + 6, wbuf, wi + 6 * LANES)
         a = acc(a, w_q4(qs, base, 7, d7, mb), x, r0 + k + 7, wbuf, wi + 7 * LANES)
+    return a
+
+
+@njit(cache=True, inline="always")
+def mx_block(qs, pb, kb, db, x, r0, a, wbuf, woff):
+    """`q_block` for a block of MXFP4 codes, its words at qs[pb * 4 * 32:], scale db: each weight d * q
+    (`v_mx`), element e at k = kb + e; written out as `nib_block`, each nibble index a constant."""
+    for g in range(4):
+        base = (pb * 4 + g) * HALF
+        k = kb + 8 * g
+        wi = woff + k * LANES
+        a = acc(a, v_mul(db, v_mx(qs, base, 0)), x, r0 + k, wbuf, wi)
+        a = acc(a, v_mul(db, v_mx(qs, base, 1)), x, r0 + k + 1, wbuf, wi + LANES)
+        a = acc(a, v_mul(db, v_mx(qs, base, 2)), x, r0 + k + 2, wbuf, wi + 2 * LANES)
+        a = acc(a, v_mul(db, v_mx(qs, base, 3)), x, r0 + k + 3, wbuf, wi + 3 * LANES)
+        a = acc(a, v_mul(db, v_mx(qs, base, 4)), x, r0 + k + 4, wbuf, wi + 4 * LANES)
+        a = acc(a, v_mul(db, v_mx(qs, base, 5)), x, r0 + k + 5, wbuf, wi + 5 * LANES)
+        a = acc(a, v_mul(db, v_mx(qs, base, 6)), x, r0 + k + 6, wbuf, wi + 6 * LANES)
+        a = acc(a, v_mul(db, v_mx(qs, base, 7)), x, r0 + k + 7, wbuf, wi + 7 * LANES)
     return a
 
 
@@ -466,6 +562,13 @@ def _q_block(w, p, b, x, r0, a, wbuf, woff):
             return nib_block(qs, p * nb + b, b * QBLOCK, db, mins(m, (p * nb + b) * HALF), x, r0, a, wbuf, woff)
         return q4
 
+    if kind == "MXFP4":
+        def mxfp4(w, p, b, x, r0, a, wbuf, woff):
+            qs, d = w[0], w[1]
+            pb = p * d.shape[1] + b
+            return mx_block(qs, pb, b * QBLOCK, v_e8m0(d, pb * HALF), x, r0, a, wbuf, woff)
+        return mxfp4
+
     if kind == "Q5_0":
         def q5_0(w, p, b, x, r0, a, wbuf, woff):
             qs, d, qh = w[0], w[1], w[4]
@@ -593,6 +696,13 @@ def _q_element_impl(w, p, b, e, j):
             q = np.int32((w[0][p, b, e // 8, j] >> u32(4 * (e % 8))) & u32(15))
             return (widen(w[1][p, b, j]) * f32(q)) + widen(w[2][p, b, j])  # (d * q) + m
         return q41
+    if kind == "MXFP4":
+        kv = np.array(KVALUES_MXFP4, np.float32)
+
+        def mx(w, p, b, e, j):
+            code = (w[0][p, b, e // 8, j] >> u32(4 * (e % 8))) & u32(15)
+            return e8m0(w[1][p, b, j]) * kv[code]  # d * q
+        return mx
     if kind == "Q5_0":
         def q50(w, p, b, e, j):
             lo = (w[0][p, b, e // 8, j] >> u32(4 * (e % 8))) & u32(15)

@@ -23,8 +23,8 @@ from numba.extending import intrinsic
 from ...formats.ggml import GGML_TYPE_IDS
 from .simd import HALF as QPANEL
 
-_Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q4_K, _Q5_K, _Q6_K = (GGML_TYPE_IDS[t] for t in
-                                                   ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K"))
+_Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q4_K, _Q5_K, _Q6_K, _MXFP4 = (
+    GGML_TYPE_IDS[t] for t in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4"))
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,7 @@ class Plan:
     m_off: int  # -1: no mins
     sc_off: int
     sc_len: int  # 0: no sub-block scales
+    d_bytes: int = 2  # bytes of the scale d: 2 (fp16 bits, uint16), or 1 (MXFP4's E8M0 exponent, uint8)
 
 
 def _lo_words(starts) -> np.ndarray:
@@ -52,6 +53,9 @@ def plan(tid: int) -> Plan:
     none = np.zeros((0, 2), np.int64)
     if tid == _Q8_0:
         return Plan(32, 34, True, none, none, 0, 0, -1, 0, 0)
+    if tid == _MXFP4:  # e at byte 0, then nibbles as Q4_0 (byte i: element i low, 16 + i high)
+        return Plan(32, 17, False, _lo_words([(1 + 8 * (g % 2), 4 * (g // 2)) for g in range(4)]), none, 0, 0, -1,
+                    0, 0, 1)
     if tid in (_Q4_0, _Q4_1, _Q5_0):  # byte i: element i low, 16 + i high
         off = {_Q4_0: 2, _Q4_1: 4, _Q5_0: 6}[tid]
         lo = _lo_words([(off + 8 * (g % 2), 4 * (g // 2)) for g in range(4)])
@@ -125,7 +129,7 @@ def _gather1(x, sh):
 
 
 @njit(parallel=True, cache=True)
-def _pack(raw, order, r0, unit_bytes, q8, lo, hi, hi_width, d_off, m_off, sc_off, sc_len,
+def _pack(raw, order, r0, unit_bytes, q8, lo, hi, hi_width, d_off, m_off, sc_off, sc_len, d_bytes,
           qs8, qs, qh, sc, d, m):
     """Rows i of a part (stored row order[i] of raw (R, row_bytes) uint8) into output rows r0 + i of
     the panels: row r at [r // 32, ..., r % 32]. Arrays a type lacks are passed empty. Every load
@@ -142,7 +146,10 @@ def _pack(raw, order, r0, unit_bytes, q8, lo, hi, hi_width, d_off, m_off, sc_off
             base = order[row - r0] * rb
             for u in range(units):
                 b = u * unit_bytes
-                d[p, u, j] = np.uint16(src[b + d_off]) | (np.uint16(src[b + d_off + 1]) << np.uint16(8))
+                if d_bytes == 1:  # MXFP4's exponent byte (d uint8)
+                    d[p, u, j] = src[b + d_off]
+                else:
+                    d[p, u, j] = np.uint16(src[b + d_off]) | (np.uint16(src[b + d_off + 1]) << np.uint16(8))
                 if m_off >= 0:
                     m[p, u, j] = np.uint16(src[b + m_off]) | (np.uint16(src[b + m_off + 1]) << np.uint16(8))
                 for c in range(sc_len):
@@ -170,7 +177,7 @@ def _pack(raw, order, r0, unit_bytes, q8, lo, hi, hi_width, d_off, m_off, sc_off
 
 def pack_rows(pl: Plan, raw: np.ndarray, order: np.ndarray, r0: int, out: dict) -> None:
     """Rows order[i] of raw (R, row_bytes) uint8 -> output rows r0 + i of the panel arrays `out`
-    (layout._shapes' names, uint16 scales), in place."""
+    (layout._shapes' names, uint16 scales; MXFP4's uint8 exponents), in place."""
     P = out["d"].shape[0]
     e8, e32 = np.zeros((P, 0, QPANEL), np.int8), np.zeros((P, 0, QPANEL), np.uint32)
 
@@ -180,7 +187,7 @@ def pack_rows(pl: Plan, raw: np.ndarray, order: np.ndarray, r0: int, out: dict) 
 
     qs = out["qs"]
     _pack(raw, order, r0, pl.unit_bytes, pl.q8, pl.lo, pl.hi, pl.hi_width, pl.d_off, pl.m_off, pl.sc_off,
-          pl.sc_len, (qs if pl.q8 else e8).view(np.uint8), e32 if pl.q8 else flat("qs", e32), flat("qh", e32),
+          pl.sc_len, pl.d_bytes, (qs if pl.q8 else e8).view(np.uint8), e32 if pl.q8 else flat("qs", e32), flat("qh", e32),
           flat("sc", e8).view(np.uint8), out["d"], flat("m", np.zeros((P, 0, QPANEL), np.uint16)))
 
 

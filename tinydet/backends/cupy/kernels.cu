@@ -115,7 +115,7 @@ DEV float tanh32(float v) {
 // ---------------------------------------------------------------------------------------------------
 // Weights: element (n, k) of a matrix in one of the CPU backend's storages (cpu/layout.py), exactly
 // as cpu/qblocks.py computes it. `n` counts from the first output of the panels at p0; scale arrays
-// (d, m) are fp16 bits, or float32 where bit 0 (d) / bit 1 (m) of `flags` says so.
+// (d, m) are fp16 bits, or float32 where bit 0 (d) / bit 1 (m) of `flags` says so (MXFP4's d: E8M0 bytes).
 
 struct W { const void *qs, *d, *m, *sc, *qh; int K, flags; i64 p0; };
 
@@ -123,7 +123,7 @@ DEV float scale_at(const void* a, i64 i, int is_f32) {
     return is_f32 ? ((const float*)a)[i] : f16_to_f32(((const u16*)a)[i]);
 }
 
-enum { F32P, F16P, F32R, F16R, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K };
+enum { F32P, F16P, F32R, F16R, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, MXFP4 };
 
 template <int KIND> DEV float wat(const W& w, i64 n, int k) {
     const int K = w.K;
@@ -144,6 +144,13 @@ template <int KIND> DEV float wat(const W& w, i64 n, int k) {
         return q * scale_at(w.d, (p * nb + b) * 32 + j, d32);  // q * d
     }
     u32 lo = (((const u32*)w.qs)[((p * nb + b) * 4 + e / 8) * 32 + j] >> (4 * (e % 8))) & 15u;
+    if (KIND == MXFP4) {  // d * q: d = 2^(e - 128) from the E8M0 byte's bits (ggml's E8M0_TO_FP32_HALF),
+        // q = kvalues_mxfp4[code] (code 8: +0)
+        const int kv[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+        u32 e = ((const unsigned char*)w.d)[(p * nb + b) * 32 + j];
+        float d = as_float(e < 2u ? 0x00200000u << e : (e - 1u) << 23);
+        return d * (float)kv[lo];
+    }
     if (KIND == Q4_0 || KIND == Q4_1 || KIND == Q5_0) {
         float d = scale_at(w.d, (p * nb + b) * 32 + j, d32);
         if (KIND == Q4_0) return d * (float)((int)lo - 8);  // d * (q - 8)
@@ -269,6 +276,7 @@ STORAGE_KERNELS(q5_0, Q5_0)
 STORAGE_KERNELS(q4_k, Q4_K)
 STORAGE_KERNELS(q5_k, Q5_K)
 STORAGE_KERNELS(q6_k, Q6_K)
+STORAGE_KERNELS(mxfp4, MXFP4)
 
 // ---------------------------------------------------------------------------------------------------
 // RMSNorm (cpu/ops.py): out = (x * (1 / sqrt(mean(x^2) + eps))) * w, the sum of squares a Kahan sum
