@@ -127,6 +127,13 @@ def test_native_storage_gives_fp32_bits(files):
     assert tinydet.load(files[2], dtype="native").backend.storage()["router"] == "f32"  # stored F32
 
 
+def test_mxfp4_experts_give_fp32_bits(tmp_path):
+    """gpt-oss's expert storage: a mixture whose matrices are MXFP4 blocks, kept as blocks natively,
+    gives fp32's bits."""
+    path = M.write_gguf(tmp_path / "tiny-qwen3moe-MXFP4.gguf", "qwen3moe", "mxfp4")
+    check_native_gives_fp32_bits(path, "mxfp4", TEXTS[:2], kinds=("w13e", "w2e"))
+
+
 def test_memory_estimate_counts_every_expert(files):
     """The load's memory check sees the experts: its estimate is the packed weights' size within 1%, in
     native storage (the file's blocks) and in fp32."""
