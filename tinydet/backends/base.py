@@ -24,6 +24,8 @@ from .threads import check_threads
 # each op of the pass with its output rows, which it may change in place (the next op reads them).
 Hook = Callable[[int | None, str, np.ndarray, np.ndarray, np.ndarray], None]
 # The ops a hook sees, in the order a pass computes them (the post-norms only in models that have them).
+# A mixture of experts' layer shows router (its logits, n_experts wide) and down (the experts' weighted
+# sum) in place of gate, up, activation and down.
 OPS = ("embedding", "attn_norm", "q", "k", "v", "rope_q", "rope_k", "attention", "attn_output",
        "post_attention_norm", "attn_residual", "ffn_norm", "gate", "up", "activation", "down", "post_ffn_norm",
        "ffn_residual", "final_norm", "logits", "router")  # router: a mixture of experts' logits
