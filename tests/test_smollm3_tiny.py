@@ -147,17 +147,22 @@ def _edited(src, dst, **changes):
 _DROP = object()
 
 
-@pytest.mark.parametrize("case", ["pattern", "interval", "sliding", "defaults"])
+YARN = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16}  # SmolLM3's long-context setting
+
+
+@pytest.mark.parametrize("case", ["pattern", "interval", "sliding", "defaults", "yarn"])
 def test_config_json_settings_match_transformers(files, models, tmp_path, case):
     """Another NoPE pattern (no_rope_layers), the interval alone, sliding layers (SmolLM3Config's rule:
-    the NoPE layers slide) and SmolLM3Config's defaults (rope_theta 2e6, interval 4), each read as
-    transformers reads it: logits within 1e-4 of its model of that config.json."""
+    the NoPE layers slide), SmolLM3Config's defaults (rope_theta 2e6, interval 4) and a YaRN scaling
+    (SmolLM3's 128k setting, its rotating layers only), each read as transformers reads it: logits
+    within 1e-4 of its model of that config.json."""
     pattern = [0, 1, 1, 1, 1, 0, 1, 1]
     changes = {"pattern": {"no_rope_layers": pattern},
                "interval": {"no_rope_layers": _DROP, "no_rope_layer_interval": 3, "layer_types": _DROP},
                "sliding": {"use_sliding_window": True, "sliding_window": 8, "layer_types": _DROP},
                "defaults": {"no_rope_layers": _DROP, "no_rope_layer_interval": _DROP, "rope_theta": _DROP,
-                            "layer_types": _DROP}}[case]
+                            "layer_types": _DROP},
+               "yarn": {"rope_scaling": YARN}}[case]
     d = _edited(files[0], tmp_path / "d", **changes)
     model = tinydet.load(d)
     cfg = model.config
@@ -165,6 +170,7 @@ def test_config_json_settings_match_transformers(files, models, tmp_path, case):
     assert cfg.layer_nope == want_nope.get(case, (False, False, False, True) * 2)
     assert cfg.layer_windows == ((0, 0, 0, 8) * 2 if case == "sliding" else ())
     assert cfg.rope.base == (2e6 if case == "defaults" else S.ROPE_THETA)
+    assert cfg.rope.scaling == ("yarn" if case == "yarn" else "none")
     ref = S.hf_model(**{k: (None if v is _DROP else v) for k, v in changes.items()})
     assert ref.config.no_rope_layers == [int(not x) for x in cfg.layer_nope]
     ids = model.tokenize(TEXTS[3])
