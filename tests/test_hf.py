@@ -147,7 +147,7 @@ def test_config_defaults(model_dir, stories_loaded):
     (dict(hidden_size="64"), ("hidden_size", "expected an integer")),
     (dict(num_hidden_layers=0), ("num_hidden_layers", "positive integer")),
     (dict(rms_norm_eps=2.0), ("rms_norm_eps", "(0, 1)")),
-    (dict(model_type="mixtral"), ("model_type", "'mixtral' is not supported")),
+    (dict(model_type="deepseek_v3"), ("model_type", "'deepseek_v3' is not supported")),
     (dict(model_type=..., architectures=["GPT2LMHeadModel"]), ("model_type", "only Llama")),
     (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}), ("rope_scaling.low_freq_factor", "missing")),
     (dict(rope_scaling={"rope_type": "longrope", "factor": 8.0}), ("rope_scaling", "'longrope' is not supported")),
