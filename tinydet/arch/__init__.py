@@ -181,7 +181,6 @@ LLAMA_TENSORS = (
 )
 
 
-
 def moe_tensors(hf_router: str, hf_expert: str,
                 names: tuple[str, str, str] = ("gate_proj", "down_proj", "up_proj")) -> tuple[TensorSpec, ...]:
     """A mixture-of-experts FFN's tensors (module docstring): the router ("model.layers.{}." +
