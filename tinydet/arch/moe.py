@@ -12,10 +12,14 @@ from __future__ import annotations
 GATING_FUNCS = {"softmax": 1, "softmax_topk": 3}  # llama.cpp's llama_expert_gating_func_type
 
 
-def gguf_moe(k, fields: dict, norm_topk: bool, gating: str = "softmax", ffn_key: str | None = None) -> dict:
+def gguf_moe(k, fields: dict, norm_topk: bool, gating: str = "softmax", ffn_key: str | None = None,
+             required: bool = False) -> dict:
     """`fields` with a GGUF's expert settings; unchanged for a file without experts (expert_count
-    absent or 0). `ffn_key`: the key of the experts' width, if not feed_forward_length."""
+    absent or 0), which `required` refuses. `ffn_key`: the key of the experts' width, if not
+    feed_forward_length."""
     n = k.int("expert_count", 0)
+    if n == 0 and required:
+        k.bad("expert_count", f"required for {fields['arch']} (a mixture of experts in every layer)")
     if n == 0:
         return fields
     if n < 0:

@@ -20,10 +20,7 @@ _QK_NORMS = tuple(
 
 
 def _gguf_config(k, fields: dict) -> dict:
-    fields = gguf_moe(k, fields, norm_topk=False)
-    if not fields.get("n_experts"):
-        k.bad("expert_count", "required for olmoe (a mixture of experts in every layer)")
-    return fields
+    return gguf_moe(k, fields, norm_topk=False, required=True)
 
 
 def _hf_config(f, fields: dict) -> dict:

@@ -19,10 +19,7 @@ from .qwen3 import _hf_out as _qwen3_out
 
 
 def _gguf_config(k, fields: dict) -> dict:
-    fields = gguf_moe(k, fields, norm_topk=True, ffn_key="expert_feed_forward_length")
-    if not fields.get("n_experts"):
-        k.bad("expert_count", "required for qwen3moe (a mixture of experts in every layer)")
-    return fields
+    return gguf_moe(k, fields, norm_topk=True, ffn_key="expert_feed_forward_length", required=True)
 
 
 def _hf_config(f, fields: dict) -> dict:

@@ -56,12 +56,18 @@ def _project(x, w, li, n_out, out, res, post, eps, nth, wbuf, hook, op, post_op,
         mm(x, layer(w, li), n_out, out, nth, MM_RESIDUAL, res, res, 0, wbuf)
     else:
         mm(x, layer(w, li), n_out, out, nth, MM_PLAIN, out, out, 0, wbuf)
-        _see(hook, li, op, pos, slot, out, 0, n_out)
-        if post.shape[1]:
-            rmsnorm(out, post[li], eps, out)
-            _see(hook, li, post_op, pos, slot, out, 0, n_out)
-        add_rows(res, out)
+        _add_output(out, res, post, li, eps, n_out, hook, op, post_op, pos, slot)
     _see(hook, li, res_op, pos, slot, res, 0, n_out)
+
+
+@njit(cache=True, inline="always")
+def _add_output(out, res, post, li, eps, n_out, hook, op, post_op, pos, slot):
+    """res += out, a block's output shown as `op`, with its post-norm first where the model has one."""
+    _see(hook, li, op, pos, slot, out, 0, n_out)
+    if post.shape[1]:
+        rmsnorm(out, post[li], eps, out)
+        _see(hook, li, post_op, pos, slot, out, 0, n_out)
+    add_rows(res, out)
 
 
 @njit(cache=True, nogil=True)
@@ -127,11 +133,7 @@ def forward(ids, pos, slot, rows, w, experts, k_cache, v_cache, cos, sin, layer_
             moe_ffn(h, li, experts[0], experts[1], experts[2], n_experts, n_used, gating, norm_topk, ffn_dim, act,
                     proj, rl, nth, wbuf)
             _see(hook, li, ROUTER, pos, slot, rl, 0, n_experts)
-            _see(hook, li, DOWN, pos, slot, proj, 0, dim)
-            if post_ffn_norm.shape[1]:
-                rmsnorm(proj, post_ffn_norm[li], eps, proj)
-                _see(hook, li, POST_FFN_NORM, pos, slot, proj, 0, dim)
-            add_rows(x, proj)
+            _add_output(proj, x, post_ffn_norm, li, eps, dim, hook, DOWN, POST_FFN_NORM, pos, slot)
             _see(hook, li, FFN_RESIDUAL, pos, slot, x, 0, dim)
             continue
         if hook == 0 and ffn_dim % LANES == 0:
