@@ -19,6 +19,7 @@ import gemma2gen as G
 import gemma3gen
 import tinydet
 from contract import bits, check_native_gives_fp32_bits, check_threads_chunking_and_batch
+from reference import hf_logits
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -49,11 +50,6 @@ def models(files):
     return {"hf": tinydet.load(hf), "gguf": tinydet.load(ggufs[None])}
 
 
-def _logits(model, ids):
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].numpy()
-
-
 def test_logits_match_transformers_and_gguf_equals_hf_dir(models, ref, record_property):
     from_dir, from_gguf = models["hf"], models["gguf"]
     # GGUF stores the RMSNorm epsilon as a float32, config.json as a decimal: the kernels use float32
@@ -69,7 +65,7 @@ def test_logits_match_transformers_and_gguf_equals_hf_dir(models, ref, record_pr
         assert ids == from_dir.tokenize(text) == raw.encode(text).ids and len(ids) > 2 * G.SLIDING_WINDOW
         ours = from_gguf.logits(ids)
         assert np.array_equal(bits(ours), bits(from_dir.logits(ids)))
-        worst = max(worst, float(np.abs(ours - _logits(ref, ids)).max()))
+        worst = max(worst, float(np.abs(ours - hf_logits(ref, ids)).max()))
     record_property("gemma2_max_abs_diff_vs_transformers", worst)
     print(f"tiny gemma2: max |tinydet - transformers| = {worst:.2e} over {len(TEXTS)} prompts")
     assert worst <= 1e-4
@@ -97,7 +93,7 @@ def test_soft_caps_that_bind_from_both_formats(files, models, tmp_path, record_p
         ids = b.tokenize(text)
         ours = b.logits(ids)
         assert np.array_equal(bits(ours), bits(a.logits(ids)))
-        worst = max(worst, float(np.abs(ours - _logits(m, ids)).max()))
+        worst = max(worst, float(np.abs(ours - hf_logits(m, ids)).max()))
         assert float(np.abs(ours - plain.logits(ids)).max()) > 1e-2
         be = CPUBackend(dataclasses.replace(ck.config, attn_softcap=None), ck.tensors)
         assert float(np.abs(ours - be.forward(ids, be.new_cache(len(ids)), all_logits=True)).max()) > 1e-2
@@ -146,7 +142,7 @@ def test_native_q8_0_gives_fp32_bits_and_matches_transformers(files):
     check_native_gives_fp32_bits(files[1]["q8_0"], "q8_0", TEXTS[:2], kinds=("wqkv", "output"))
     model = tinydet.load(files[1]["q8_0"])
     ids = model.tokenize(TEXTS[0])
-    want = _logits(G.hf_model(weights=G.dequantized_state_dict("q8_0")), ids)
+    want = hf_logits(G.hf_model(weights=G.dequantized_state_dict("q8_0")), ids)
     assert float(np.abs(model.logits(ids) - want).max()) <= 1e-4
 
 
@@ -165,7 +161,7 @@ def test_convert_back_to_hf_directory(files, tmp_path, ref):
     m = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
     assert type(m).__name__ == "Gemma2ForCausalLM"
     ids = tinydet.load(src).tokenize(TEXTS[3])
-    assert np.array_equal(_logits(m, ids), _logits(ref, ids))
+    assert np.array_equal(hf_logits(m, ids), hf_logits(ref, ids))
     assert np.array_equal(bits(tinydet.load(out).logits(ids)), bits(tinydet.load(src).logits(ids)))
 
 

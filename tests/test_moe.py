@@ -17,6 +17,7 @@ import pytest
 import moegen as M
 import tinydet
 from contract import bits, check_native_gives_fp32_bits, check_threads_chunking_and_batch
+from reference import hf_logits
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -59,11 +60,6 @@ def ref(files):
     return M.hf_model(files[0])
 
 
-def _hf_logits(ref, ids):
-    with torch.no_grad():
-        return ref(torch.tensor([ids])).logits[0].numpy()
-
-
 def test_logits_match_transformers_and_gguf_gives_the_same_bits(files, model, ref):
     gguf = tinydet.load(files[1])
     assert model.config.n_experts == M.EXPERTS and model.config.n_experts_used == M.USED
@@ -71,7 +67,7 @@ def test_logits_match_transformers_and_gguf_gives_the_same_bits(files, model, re
     for text in TEXTS:
         ids = model.tokenize(text)
         ours = model.logits(ids)
-        worst = max(worst, float(np.abs(ours - _hf_logits(ref, ids)).max()))
+        worst = max(worst, float(np.abs(ours - hf_logits(ref, ids)).max()))
         assert np.array_equal(bits(gguf.logits(ids)), bits(ours)), text
     assert worst <= 1e-4, worst
 
@@ -252,7 +248,7 @@ def test_convert_to_hf_and_back(files, model, arch, tmp_path):
     assert c["architectures"] == json.loads((files[0] / "config.json").read_text())["architectures"]
     ids = model.tokenize(TEXTS[0])
     assert np.array_equal(bits(tinydet.load(out).logits(ids)), bits(model.logits(ids)))
-    assert np.abs(_hf_logits(M.hf_model(out), ids) - model.logits(ids)).max() <= 1e-4
+    assert np.abs(hf_logits(M.hf_model(out), ids) - model.logits(ids)).max() <= 1e-4
 
 
 @pytest.mark.parametrize("key,value,field", [

@@ -19,6 +19,7 @@ import qwen2gen
 import smollm3gen as S
 import tinydet
 from contract import bits, check_native_gives_fp32_bits, check_threads_chunking_and_batch
+from reference import hf_logits
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -49,11 +50,6 @@ def models(files):
     return {"hf": tinydet.load(hf), "gguf": tinydet.load(ggufs[None])}
 
 
-def _logits(model, ids):
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].numpy()
-
-
 def _run(cfg, tensors, ids, hook=None):
     from tinydet.backends.cpu import CPUBackend
 
@@ -75,7 +71,7 @@ def test_logits_match_transformers_and_gguf_equals_hf_dir(models, ref, record_pr
         assert ids == from_dir.tokenize(text) == raw.encode(text).ids
         ours = from_gguf.logits(ids)
         assert np.array_equal(bits(ours), bits(from_dir.logits(ids)))
-        worst = max(worst, float(np.abs(ours - _logits(ref, ids)).max()))
+        worst = max(worst, float(np.abs(ours - hf_logits(ref, ids)).max()))
     record_property("smollm3_max_abs_diff_vs_transformers", worst)
     print(f"tiny smollm3: max |tinydet - transformers| = {worst:.2e} over {len(TEXTS)} prompts")
     assert worst <= 1e-4
@@ -102,9 +98,9 @@ def test_nope_layers_rotate_nothing_and_matter(files, ref):
         assert same == [ck.config.nope(layer)] * 2, layer
     all_rope = _run(dataclasses.replace(ck.config, layer_nope=()), ck.tensors, ids)
     assert np.abs(base - all_rope).max() > 1e-2
-    want = _logits(S.hf_model(no_rope_layers=[1] * S.LAYERS), ids)
+    want = hf_logits(S.hf_model(no_rope_layers=[1] * S.LAYERS), ids)
     assert float(np.abs(all_rope - want).max()) <= 1e-4
-    assert float(np.abs(base - _logits(ref, ids)).max()) <= 1e-4
+    assert float(np.abs(base - hf_logits(ref, ids)).max()) <= 1e-4
 
 
 def test_greedy_32_tokens_match_transformers(models, ref):
@@ -128,7 +124,7 @@ def test_native_q8_0_gives_fp32_bits_and_matches_transformers(files):
     check_native_gives_fp32_bits(files[1]["q8_0"], "q8_0", TEXTS[:2], kinds=("wqkv", "output"))
     model = tinydet.load(files[1]["q8_0"])
     ids = model.tokenize(TEXTS[0])
-    want = _logits(S.hf_model(weights=S.dequantized_state_dict("q8_0")), ids)
+    want = hf_logits(S.hf_model(weights=S.dequantized_state_dict("q8_0")), ids)
     assert float(np.abs(model.logits(ids) - want).max()) <= 1e-4
 
 
@@ -176,7 +172,7 @@ def test_config_json_settings_match_transformers(files, models, tmp_path, case):
     ids = model.tokenize(TEXTS[3])
     assert len(ids) > 2 * 8
     ours = model.logits(ids)
-    assert float(np.abs(ours - _logits(ref, ids)).max()) <= 1e-4
+    assert float(np.abs(ours - hf_logits(ref, ids)).max()) <= 1e-4
     assert float(np.abs(ours - models["hf"].logits(ids)).max()) > 1e-3
 
 
@@ -194,7 +190,7 @@ def test_convert_back_to_hf_directory(files, tmp_path, ref):
     m = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
     assert type(m).__name__ == "SmolLM3ForCausalLM"
     ids = tinydet.load(src).tokenize(TEXTS[2])
-    assert np.array_equal(_logits(m, ids), _logits(ref, ids))
+    assert np.array_equal(hf_logits(m, ids), hf_logits(ref, ids))
     assert np.array_equal(bits(tinydet.load(out).logits(ids)), bits(tinydet.load(src).logits(ids)))
 
 
