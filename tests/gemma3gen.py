@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tinygen import QUANTS, add_tensor, stored_values
+from tinygen import QUANTS, add_tensor, stored_values, tied_hf_model
 from tinygen import gguf_name as _gguf_name
 from tinygen import write_json as _write_json
 
@@ -436,17 +436,9 @@ def hf_config(attn: str = "eager"):
 def hf_model(seed: int = 0, attn: str = "eager", weights: dict | None = None):
     """The transformers Gemma3ForCausalLM (float32, eval mode, `attn` attention) holding
     `state_dict(seed)` (or `weights`, under the same names)."""
-    import torch
     import transformers
 
-    model = transformers.Gemma3ForCausalLM(hf_config(attn)).to(torch.float32)
-    sd = {k: torch.from_numpy(np.array(v, np.float32)) for k, v in (weights or state_dict(seed)).items()}
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    if unexpected or set(missing) - {"lm_head.weight"}:
-        raise RuntimeError(f"state dict mismatch: missing {missing}, unexpected {unexpected}")
-    if model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr():
-        raise RuntimeError("lm_head is not tied to embed_tokens")
-    return model.eval()
+    return tied_hf_model(transformers.Gemma3ForCausalLM(hf_config(attn)), weights or state_dict(seed))
 
 
 def write_tokenizer_files(hf_dir: Path) -> None:

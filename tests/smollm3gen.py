@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 import qwen2gen as Q
-from tinygen import QUANTS, add_tensor, stored_values
+from tinygen import QUANTS, add_tensor, stored_values, tied_hf_model
 from tinygen import write_json as _write_json
 
 GENERATOR_VERSION = 1  # bump when any written byte changes
@@ -122,20 +122,12 @@ def state_dict(seed: int = 0) -> dict[str, np.ndarray]:
 
 def hf_model(seed: int = 0, attn: str = "eager", weights: dict | None = None, **changes):
     """transformers' SmolLM3ForCausalLM (float32, eval) of config_json(**changes) holding the weights."""
-    import torch
     import transformers
 
     skip = ("architectures", "model_type", "torch_dtype")
     cfg = transformers.SmolLM3Config(**{k: v for k, v in config_json(**changes).items() if k not in skip})
     cfg._attn_implementation = attn
-    model = transformers.SmolLM3ForCausalLM(cfg).to(torch.float32)
-    sd = {k: torch.from_numpy(np.array(v, np.float32)) for k, v in (weights or state_dict(seed)).items()}
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    if unexpected or set(missing) - {"lm_head.weight"}:
-        raise RuntimeError(f"state dict mismatch: missing {missing}, unexpected {unexpected}")
-    if model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr():
-        raise RuntimeError("lm_head is not tied to embed_tokens")
-    return model.eval()
+    return tied_hf_model(transformers.SmolLM3ForCausalLM(cfg), weights or state_dict(seed))
 
 
 def write_hf_dir(hf_dir: Path, seed: int = 0, changes: dict | None = None) -> Path:

@@ -72,3 +72,18 @@ def stored_values(arr: np.ndarray, quant: str | None) -> np.ndarray:
     if t == GGMLQuantizationType.F16:
         return arr.astype(np.float16).astype(np.float32)
     return quants.dequantize(quants.quantize(arr, t), t).astype(np.float32)
+
+
+def tied_hf_model(model, weights: dict):
+    """A transformers causal LM with tied embeddings holding `weights` (HF names -> float arrays), as
+    float32 in eval mode; raises where the names do not fit or the output is not tied."""
+    import torch
+
+    model = model.to(torch.float32)
+    sd = {k: torch.from_numpy(np.array(v, np.float32)) for k, v in weights.items()}
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    if unexpected or set(missing) - {"lm_head.weight"}:
+        raise RuntimeError(f"state dict mismatch: missing {missing}, unexpected {unexpected}")
+    if model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr():
+        raise RuntimeError("lm_head is not tied to embed_tokens")
+    return model.eval()
