@@ -16,11 +16,19 @@ Shapes (`--shape`):
             untied. `--layers N` writes its first N layers only (a file of the same layers, for
             measuring per-layer speed where 48 would not fit a machine's memory or time)
   qwen3moe-tiny  2 layers, dim 256, 8 experts of width 128, 2 per token: for the tests
+  gpt-oss-20b
+            gpt-oss-20b's body (a `gpt-oss` file, --type MXFP4): dim 2880, 24 layers, 64 heads / 8 KV
+            heads of 64, q/k/v/o biases, attention sinks, every other layer a 128-token window, YaRN
+            (factor 32, original 4096), and in every layer 32 experts of width 2880 of which a token
+            takes 4, with biases; the experts MXFP4 as in the released files, other matrices Q8_0,
+            the router and every vector F32. `--layers N` as above
+  gpt-oss-tiny   2 layers, dim 256, 8 experts of width 256, 2 per token: for the tests
 All take SmolLM2's tokenizer (every `tokenizer.ggml.*` key and the chat template, copied from
 --tokenizer), so the vocabulary is its 49,152 tokens, not Llama 3's 128,256.
 
 Types (`--type`, several comma-separated: the same weights in each): F16 (matrices F16), Q8_0, Q4_0,
-Q4_K_M. The types of the matrices follow llama.cpp's llama-quantize (src/llama-quant.cpp,
+Q4_K_M, and MXFP4 for gpt-oss (its experts' blocks are random codes under exponents 2^-9..2^-6, not
+quantized values: MXFP4 has no quantizer here, and a benchmark needs only their size and finiteness). The types of the matrices follow llama.cpp's llama-quantize (src/llama-quant.cpp,
 `llama_tensor_get_type`): the output matrix is Q6_K in Q4_0 and Q4_K_M files (Q8_0 stays Q8_0), and so
 is token_embd when the embeddings are tied (it is then the output matrix); in Q4_K_M, attn_v and ffn_down
 are Q6_K in the layers `use_more_bits` picks (the first and last eighth, and every third between), the
@@ -87,13 +95,20 @@ SHAPES = {
                   context=8192),
     "qwen3moe-tiny": Shape(dim=256, layers=2, heads=4, kv_heads=2, head_dim=64, ffn=128, tied=False, rope_factor=None,
                            context=8192, rope_theta=1e6, eps=1e-6, arch="qwen3moe", experts=8, experts_used=2),
+    "gpt-oss-tiny": Shape(dim=256, layers=2, heads=4, kv_heads=2, head_dim=64, ffn=256, tied=False,
+                          rope_factor=None, context=8192, rope_theta=150000.0, arch="gpt-oss", experts=8,
+                          experts_used=2),
+    "gpt-oss-20b": Shape(dim=2880, layers=24, heads=64, kv_heads=8, head_dim=64, ffn=2880, tied=False,
+                         rope_factor=None, rope_theta=150000.0, arch="gpt-oss", experts=32, experts_used=4),
     "qwen3moe-30b-a3b": Shape(dim=2048, layers=48, heads=32, kv_heads=4, head_dim=128, ffn=768, tied=False,
                               rope_factor=None, context=40960, rope_theta=1e6, eps=1e-6, arch="qwen3moe",
                               experts=128, experts_used=8),
 }
 MOE_DENSE_FFN = 6144  # Qwen3-30B-A3B's feed_forward_length (its dense width: no layer uses it)
 # llama_ftype of general.file_type, and the type of most matrices
-FILE_TYPES = {"F16": (1, "F16"), "Q8_0": (7, "Q8_0"), "Q4_0": (2, "Q4_0"), "Q4_K_M": (15, "Q4_K")}
+FILE_TYPES = {"F16": (1, "F16"), "Q8_0": (7, "Q8_0"), "Q4_0": (2, "Q4_0"), "Q4_K_M": (15, "Q4_K"),
+              "MXFP4": (38, "Q8_0")}  # MOSTLY_MXFP4_MOE: MXFP4 experts, Q8_0 other matrices
+GPT_OSS_WINDOW, YARN_FACTOR, YARN_ORIGINAL = 128, 32.0, 4096
 
 
 def use_more_bits(i_layer: int, n_layers: int) -> bool:
@@ -109,6 +124,8 @@ def matrix_type(name: str, layer: int | None, shape: Shape, ftype: str, pure: bo
         return base
     if name == "output.weight" or (shape.tied and name == "token_embd.weight"):
         return base if base == "Q8_0" else "Q6_K"  # every dim here is a multiple of 256
+    if ftype == "MXFP4" and "_exps.weight" in name:
+        return "MXFP4"
     if ftype == "Q4_K_M" and name.endswith((".attn_v.weight", ".ffn_down.weight", ".ffn_down_exps.weight")) \
             and use_more_bits(layer, shape.layers):
         return "Q6_K"
@@ -123,6 +140,8 @@ def tensors(shape: Shape, vocab: int, ftype: str, pure: bool) -> list[tuple[str,
         out.append(("rope_freqs.weight", (shape.head_dim // 2,), "F32"))
     out.append(("token_embd.weight", (vocab, d), matrix_type("token_embd.weight", None, shape, ftype, pure)))
     E = shape.experts
+    if shape.arch == "gpt-oss":
+        return out + _gpt_oss_tensors(shape, vocab, ftype, pure)
     if E:
         ffn = (("attn_q_norm", (shape.head_dim,)), ("attn_k_norm", (shape.head_dim,)), ("ffn_norm", (d,)),
                ("ffn_gate_inp", (E, d)), ("ffn_gate_exps", (E, shape.ffn, d)), ("ffn_up_exps", (E, shape.ffn, d)),
@@ -140,6 +159,27 @@ def tensors(shape: Shape, vocab: int, ftype: str, pure: bool) -> list[tuple[str,
     out.append(("output_norm.weight", (d,), "F32"))
     if not shape.tied:
         out.append(("output.weight", (vocab, d), matrix_type("output.weight", None, shape, ftype, pure)))
+    return out
+
+
+def _gpt_oss_tensors(shape: Shape, vocab: int, ftype: str, pure: bool) -> list[tuple[str, tuple[int, ...], str]]:
+    """gpt-oss's tensors after token_embd, as llama.cpp's converter names them."""
+    d, kv, q, E, F = shape.dim, shape.kv_heads * shape.head_dim, shape.heads * shape.head_dim, shape.experts, shape.ffn
+    out = []
+    for i in range(shape.layers):
+        b = f"blk.{i}."
+        for part, rows_cols, bias in (("attn_norm", (d,), None), ("attn_q", (q, d), (q,)), ("attn_k", (kv, d), (kv,)),
+                                      ("attn_v", (kv, d), (kv,)), ("attn_output", (d, q), (d,)),
+                                      ("attn_sinks", (shape.heads,), None), ("post_attention_norm", (d,), None),
+                                      ("ffn_gate_inp", (E, d), (E,)), ("ffn_gate_exps", (E, F, d), (E, F)),
+                                      ("ffn_up_exps", (E, F, d), (E, F)), ("ffn_down_exps", (E, d, F), (E, d))):
+            name = b + part + ".weight"
+            f32 = len(rows_cols) == 1 or part == "ffn_gate_inp"
+            out.append((name, rows_cols, "F32" if f32 else matrix_type(name, i, shape, ftype, pure)))
+            if bias is not None:
+                out.append((b + part + ".bias", bias, "F32"))
+    out.append(("output_norm.weight", (d,), "F32"))
+    out.append(("output.weight", (vocab, d), matrix_type("output.weight", None, shape, ftype, pure)))
     return out
 
 
@@ -176,6 +216,11 @@ def tensor_slices(name: str, rows_cols: tuple[int, ...], type_name: str, seed: i
     step = max(1, CHUNK // cols)
     for r0 in range(0, rows, step):
         n = min(step, rows - r0)
+        if type_name == "MXFP4":  # random blocks (module docstring): exponent byte, 16 bytes of codes
+            blocks = rng.integers(0, 256, (n, cols // 32, 17), dtype=np.uint8)
+            blocks[:, :, 0] = rng.integers(118, 122, (n, cols // 32), dtype=np.uint8)
+            yield blocks.reshape(n, -1)
+            continue
         x = rng.standard_normal((n, cols), dtype=np.float32)
         x *= np.float32(STD)
         yield quantize(x, type_name)
@@ -218,10 +263,15 @@ def write(path: Path, shape_name: str, ftype: str, seed: int, pure: bool, tok_fi
            ("expert_feed_forward_length", shape.ffn)) if shape.experts else ()
     for key, value in (("block_count", shape.layers), ("context_length", shape.context),
                        ("embedding_length", shape.dim),
-                       ("feed_forward_length", MOE_DENSE_FFN if shape.experts else shape.ffn),
+                       ("feed_forward_length", MOE_DENSE_FFN if a == "qwen3moe" else shape.ffn),
                        ("attention.head_count", shape.heads), ("attention.head_count_kv", shape.kv_heads)) + moe:
         w.add_key_value(f"{a}.{key}", value, u32)
     w.add_key_value(f"{a}.rope.freq_base", shape.rope_theta, GGUFValueType.FLOAT32)
+    if a == "gpt-oss":
+        w.add_key_value(f"{a}.attention.sliding_window", GPT_OSS_WINDOW, u32)
+        w.add_key_value(f"{a}.rope.scaling.type", "yarn", GGUFValueType.STRING)
+        w.add_key_value(f"{a}.rope.scaling.factor", YARN_FACTOR, GGUFValueType.FLOAT32)
+        w.add_key_value(f"{a}.rope.scaling.original_context_length", YARN_ORIGINAL, u32)
     w.add_key_value(f"{a}.attention.layer_norm_rms_epsilon", shape.eps, GGUFValueType.FLOAT32)
     for key in ("attention.key_length", "attention.value_length", "rope.dimension_count"):
         w.add_key_value(f"{a}.{key}", shape.head_dim, u32)

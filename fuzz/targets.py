@@ -33,7 +33,7 @@ SEED_DIR = Path(os.environ.get("TINYDET_FUZZ_SEEDS", Path(tempfile.gettempdir())
 
 GGUF_ARCHS = [("qwen2gen", "qwen2"), ("qwen2gen", "qwen3"), ("qwen2gen", "llama3"), ("gemma3gen", None),
               ("spmgen", "mistral"), ("spmgen", "phi3"), ("gemma2gen", None), ("smollm3gen", None),
-              ("moegen", "qwen3moe"), ("moegen", "mixtral"), ("moegen", "olmoe")]
+              ("moegen", "qwen3moe"), ("moegen", "mixtral"), ("moegen", "olmoe"), ("gptossgen", None)]
 
 
 def make_scratch() -> Path:

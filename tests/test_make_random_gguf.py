@@ -132,6 +132,37 @@ def test_moe_shape_is_qwen3_30b_a3b():
     assert q4["blk.0.ffn_gate_inp.weight"] == "F32" and q4["blk.47.ffn_down_exps.weight"] == "Q4_0"
 
 
+def test_gpt_oss_shape_is_gpt_oss_20b():
+    """gpt-oss-20b has 20,914,757,184 parameters with its 201,088 tokens (untied; the count it is
+    published with, and transformers' for GptOssConfig with 24 layers and 32 experts): less the tokens
+    SmolLM2's vocabulary lacks. Experts MXFP4, other matrices Q8_0, routers and vectors F32."""
+    s = mk.SHAPES["gpt-oss-20b"]
+    n = sum(int(np.prod(rc)) for _, rc, _ in mk.tensors(s, 49152, "MXFP4", False))
+    assert n == 20_914_757_184 - 2 * (201088 - 49152) * 2880
+    t = _types("gpt-oss-20b", "MXFP4")
+    assert (t["blk.0.ffn_gate_exps.weight"], t["blk.23.ffn_down_exps.weight"], t["blk.0.attn_q.weight"],
+            t["blk.0.ffn_gate_inp.weight"], t["blk.0.ffn_up_exps.bias"], t["output.weight"]) == (
+        "MXFP4", "MXFP4", "Q8_0", "F32", "F32", "Q8_0")
+
+
+def test_tiny_gpt_oss_file_reads_as_gpt_oss(tmp_path, stories_path):
+    """tinydet reads the gpt-oss shape's file as llama.cpp's gpt-oss: sinks, biases, alternating
+    windows, YaRN from its keys, the experts kept as MXFP4 blocks natively. (Running a gpt-oss is
+    test_gptoss's: not compiled again here.)"""
+    import tinydet
+
+    path = tmp_path / "gpt-oss.gguf"
+    mk.write(path, "gpt-oss-tiny", "MXFP4", 0, False, mk.tokenizer_fields(stories_path), log=lambda *a: None)
+    native = tinydet.load(path, dtype="native")
+    c = native.config
+    assert (c.arch, c.n_experts, c.n_experts_used, c.moe_gating, c.attn_sinks, c.moe_bias) == (
+        "gptoss", 8, 2, "softmax_topk", True, True)
+    assert c.layer_windows == (128, 0) and (c.rope.scaling, c.rope.factor, c.rope.original_context) == (
+        "yarn", 32.0, 4096)
+    st = native.backend.storage()
+    assert (st["w13e"], st["w2e"], st["router"], st["wqkv"]) == ("MXFP4", "MXFP4", "f32", "Q8_0")
+
+
 def test_tiny_moe_file_reads_as_a_mixture(tmp_path, stories_path):
     """tinydet reads the MoE shape's file as llama.cpp's qwen3moe: the experts' settings from its keys,
     every expert's matrices kept as the file's Q4_0 blocks natively, the routers F32. (Native storage

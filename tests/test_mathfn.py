@@ -97,6 +97,26 @@ def test_gated_activations_vector_lanes_equal_the_scalar_tail():
         assert np.allclose(act[ok, 64], ref[ok], rtol=1e-5, atol=1e-6), kind
 
 
+def test_gpt_oss_clamped_swiglu_against_float64():
+    """gpt-oss's activation (g = min(gate, 7), u = clamp(up, -7, 7), (u + 1) g sigmoid(1.702 g)) on
+    gates and ups on both sides of the clamps, against the formula in float64; NaN stays NaN."""
+    from tinydet.backends.cpu.ops import SWIGLU_OAI, glu_rows
+
+    rng = np.random.default_rng(7)
+    n = 4000
+    g = np.concatenate([rng.uniform(-20, 20, n), [7.0, 7.5, -7.5, np.nan, 0.0]]).astype(np.float32)
+    u = np.concatenate([rng.uniform(-20, 20, n), [7.5, -7.5, 7.0, 1.0, np.nan]]).astype(np.float32)
+    act = np.empty((g.shape[0], 1), np.float32)
+    glu_rows(np.ascontiguousarray(np.stack([g, u], 1)), 1, act, SWIGLU_OAI)
+    gc = np.minimum(g.astype(np.float64), 7.0)
+    uc = np.clip(u.astype(np.float64), -7.0, 7.0)
+    ref = (uc + 1) * gc / (1 + np.exp(-1.702 * gc))
+    ok = ~np.isnan(ref)
+    assert (np.abs(g) > 7).sum() > 1000 and (np.abs(u) > 7).sum() > 1000  # both clamps bind
+    assert np.allclose(act[ok, 0], ref[ok], rtol=2e-6, atol=1e-6)
+    assert np.isnan(act[~ok, 0]).all() and (~ok).sum() == 2
+
+
 def test_vector_exp_and_tanh_give_the_scalar_bits_over_the_whole_range():
     """v_exp32 and v_tanh32 (64 lanes) against the scalar exp32 / tanh32, bit for bit, over every power
     of two the float64 exp scales by (inputs -800..800, so k = -1021..1023 and the clamps) and the

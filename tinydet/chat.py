@@ -23,7 +23,7 @@ from typing import Mapping, Sequence
 
 from .errors import TinydetError
 
-ROLES = ("system", "user", "assistant", "tool")
+ROLES = ("system", "developer", "user", "assistant", "tool")  # developer: OpenAI's newer name for system
 
 
 class ChatTemplateError(TinydetError):

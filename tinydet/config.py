@@ -4,9 +4,14 @@ metadata by the format readers (`formats/`) with the flags its architecture sets
 Llama is every flag off. The others, each understood by the kernels:
   head_dim            a head dimension of its own (q_dim = n_heads * head_dim need not equal dim)
   qkv_bias            q, k and v projections add a bias (Qwen2)
+  attn_out_bias       the attention's output projection adds a bias (gpt-oss)
+  attn_sinks          a learned logit per head joins each softmax's max and denominator, its weight
+                      then dropped: the head may attend to nothing (gpt-oss)
   qk_norm             RMSNorm over each head of q and k before RoPE (Qwen3, Gemma 3)
   post_norms          RMSNorm of the attention and of the FFN output before each residual add (Gemma)
-  activation          "silu" (SwiGLU) or "gelu_tanh" (GeGLU with the tanh approximation)
+  activation          "silu" (SwiGLU), "gelu_tanh" (GeGLU with the tanh approximation) or
+                      "swiglu_oai" (gpt-oss's: g = min(gate, 7), u = clamp(up, -7, 7),
+                      (u + 1) g sigmoid(1.702 g))
   layer_windows       per layer: 0 for full causal attention, w for only the last w positions (sliding
                       window: a row at position p attends to positions p - w + 1 .. p)
   rope, layer_ropes   the RoPE of every layer, or one per layer (a base and scaling each)
@@ -23,6 +28,7 @@ Llama is every flag off. The others, each understood by the kernels:
   moe_gating          "softmax": the softmax over every expert's logit, taken at the chosen ones (then
                       divided by their sum when moe_norm_topk: Mixtral, Qwen3-MoE); "softmax_topk": the
                       softmax over the chosen logits only (gpt-oss)
+  moe_bias            the router and each expert's three products add a bias (gpt-oss)
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from dataclasses import dataclass, field
 
 from .errors import ModelFormatError
 
-ACTIVATIONS = ("silu", "gelu_tanh")
+ACTIVATIONS = ("silu", "gelu_tanh", "swiglu_oai")
 MOE_GATINGS = ("softmax", "softmax_topk")
 ROPE_SCALINGS = ("none", "linear", "llama3", "factors", "yarn")
 
@@ -96,6 +102,8 @@ class ModelConfig:
     rope: RoPE = field(default_factory=RoPE)
     # feature flags (module docstring); Llama has all of them off
     qkv_bias: bool = False
+    attn_out_bias: bool = False
+    attn_sinks: bool = False
     qk_norm: bool = False
     post_norms: bool = False
     activation: str = "silu"
@@ -110,6 +118,7 @@ class ModelConfig:
     n_experts_used: int = 0
     moe_gating: str = "softmax"
     moe_norm_topk: bool = False
+    moe_bias: bool = False
 
     @property
     def dense_ffn(self) -> bool:

@@ -32,11 +32,11 @@ def weight_bytes(tensors: dict, dtype: str) -> int:
     round their rows up to whole 64-row panels, as the backend packs them. A tied output (the embedding's object) counts once."""
     from .backends.cpu.layout import NATIVE_TYPES
     from .backends.cpu.weights import MATRICES
-    from .formats.ggml import F16
+    from .formats.ggml import F16, row_bytes
 
     def nbytes(t, rows: int) -> int:  # t's bytes, its row count taken as `rows`
         if dtype in ("native", "int8") and (t.ggml_type in NATIVE_TYPES or t.ggml_type == F16):
-            return t.data.nbytes * rows // t.shape[0]
+            return row_bytes(t.ggml_type, t.shape[-1]) * rows  # not t.data: a derived tensor would compute it
         return rows * (math.prod(t.shape) // t.shape[0]) * (2 if dtype == "fp16" else 4)
 
     def panels(n: int) -> int:

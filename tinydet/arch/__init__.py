@@ -26,7 +26,8 @@ dim]` and each expert's matrices `.experts.{e}.w1` / `.w2` / `.w3` (shapes as th
 the expert's width). Their TensorSpecs say `experts`: the canonical and HF names take the expert index
 after the layer's (Hugging Face checkpoints store each expert's matrices apart), while GGUF stores all
 of a layer's experts as one 3-D tensor (`ffn_gate_exps` [n_experts, ffn, dim]), found once, each expert
-a view of its bytes (`formats.Tensor.expert`).
+a view of its bytes (`formats.Tensor.expert`). gpt-oss's Hugging Face files store them as GGUF does,
+one tensor per layer, each expert's matrix transposed and gate and up interleaved (`hf_stacked`).
 
 A spec whose `gguf_arch` is None is read from Hugging Face directories only: llama.cpp's converter
 writes that architecture under another one's name (Mistral as `llama`), so its GGUF files are that
@@ -61,6 +62,13 @@ class TensorSpec:
     fused: tuple[str, ...] = ()
     part: int = 0
     experts: bool = False  # one tensor per expert (module docstring): names take "{}" for layer, expert
+    # An expert tensor that Hugging Face stores, like GGUF, as one tensor of every expert's per layer
+    # (gpt-oss: names take "{}" for the layer only), each expert's [in, out] (`hf_transposed`) where
+    # the canonical matrix is [out, in], and with `hf_interleave` 0 or 1 this tensor being the even or
+    # odd rows of that (columns as stored, elements of a vector) of two canonical tensors interleaved.
+    hf_stacked: bool = False
+    hf_transposed: bool = False
+    hf_interleave: int | None = None
 
     def __post_init__(self):
         if self.fused and not (0 <= self.part < len(self.fused) and self.fused[self.part] == self.shape[0]):
@@ -73,6 +81,12 @@ class TensorSpec:
         """The shape of the tensor the file stores (the fused whole, for a part of one; every expert's,
         for an expert's matrix in GGUF)."""
         shape = self.shape_for(cfg)
+        if self.experts and fmt == "hf" and self.hf_stacked:
+            if self.hf_transposed:
+                shape = shape[::-1]
+            if self.hf_interleave is not None:
+                shape = shape[:-1] + (2 * shape[-1],)
+            return (cfg.n_experts,) + shape
         if self.experts and fmt == "gguf":
             return (cfg.n_experts,) + shape
         if not self.fused:
@@ -109,6 +123,7 @@ class ArchSpec:
     # The spec whose Hugging Face directories hold this architecture's mixture-of-experts files, where
     # another (llama's: Mixtral, which llama.cpp's converter writes as `llama`).
     hf_moe_spec: str | None = None
+    gguf_yarn: bool = False  # a GGUF's rope.scaling.type "yarn" is the `gguf_config` hook's to read
 
     def tensors_for(self, cfg: ModelConfig) -> Iterator[tuple[str, TensorSpec, tuple[int, ...]]]:
         """(canonical name, spec, indices) for every tensor a model with `cfg` has, kind by kind, layer
@@ -146,6 +161,8 @@ class ArchSpec:
                 tensor = tensor.row_slice(*t.stored_rows(cfg))
             if tensor is not None and t.experts and fmt == "gguf":
                 tensor = tensor.expert(idx[1])
+            elif tensor is not None and t.experts and t.hf_stacked:
+                tensor = tensor.expert(idx[1], t.hf_transposed, t.hf_interleave)
             if tensor is not None:
                 out[canon] = tensor
         if TIED[0] not in out:

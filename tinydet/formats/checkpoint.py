@@ -67,14 +67,31 @@ class Tensor:
         return Tensor(self.data[lo0:lo0 + n], self.ggml_type, (r1 - r0, self.shape[1]), None,
                       release if whole is not None else None)
 
-    def expert(self, e: int) -> "Tensor":
-        """Expert e of a 3-D tensor [experts, rows, cols] (GGUF's ffn_*_exps) as a 2-D Tensor of its
-        own: a view of its rows' bytes, as `row_slice` gives."""
-        if self.ndim != 3 or not 0 <= e < self.shape[0]:
+    def expert(self, e: int, transposed: bool = False, interleave: int | None = None) -> "Tensor":
+        """Expert e of a tensor stacked over experts ([experts, rows, cols]: GGUF's ffn_*_exps; or
+        [experts, n]: their biases) as a Tensor of its own: a view of its bytes, as `row_slice` gives.
+        `transposed` (its matrix stored [in, out]) and `interleave` (0 or 1: the even or odd rows of
+        the matrix, elements of the vector) describe Hugging Face's gpt-oss layout: that expert's
+        value is then computed when first asked for (`Derived`)."""
+        if self.ndim not in (2, 3) or not 0 <= e < self.shape[0]:
             raise ValueError(f"expert {e} of a tensor of shape {self.shape}")
-        n, k = self.shape[1:]
+        n, k = self.shape[1:] if self.ndim == 3 else (1, self.shape[1])
         flat = Tensor(self.data, self.ggml_type, (self.shape[0] * n, k), self.row_order, self._release)
-        return flat.row_slice(e * n, (e + 1) * n)
+        one = flat.row_slice(e * n, (e + 1) * n)
+        if self.ndim == 2:
+            one.shape = (k,)
+        if not transposed and interleave is None:
+            return one
+
+        def value():
+            a = one.float32()
+            a = a.T if transposed else a
+            return np.ascontiguousarray(a if interleave is None else a[interleave::2])
+
+        shape = one.shape[::-1] if transposed else one.shape
+        if interleave is not None:
+            shape = (shape[0] // 2,) + shape[1:]
+        return Derived(value, shape, one.release)
 
     @property
     def ndim(self) -> int:
@@ -113,6 +130,31 @@ class Tensor:
 
     def __repr__(self) -> str:
         return f"Tensor({self.type_name}, {self.shape}{', rows moved' if self.row_order is not None else ''})"
+
+
+class Derived(Tensor):
+    """A tensor computed from a file's when first asked for (`Tensor.expert`'s gpt-oss layout, F32;
+    `hf_mxfp4`'s blocks), and forgotten, with the file's bytes it came from, on `release`."""
+
+    def __init__(self, value: Callable[[], np.ndarray], shape: tuple[int, ...], release_source: Callable[[], None],
+                 ggml_type: int = F32):
+        super().__init__(None, ggml_type, shape)
+        self._value, self._source, self._data = value, release_source, None
+
+    @property
+    def data(self):
+        if self._data is None:
+            self._data = self._value().reshape(-1).view(np.uint8)
+        return self._data
+
+    @data.setter
+    def data(self, v):
+        self._data = v
+
+    def release(self, rows=None) -> None:
+        if rows is None:
+            self._data = None
+            self._source()
 
 
 @dataclass

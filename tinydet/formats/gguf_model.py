@@ -143,7 +143,7 @@ def gguf_config(g: GGUFFile) -> tuple[archs.ArchSpec, ModelConfig]:
     if rope_dim != head_dim:
         k.bad("rope.dimension_count", f"partial RoPE is not supported: expected {head_dim}, found {rope_dim}")
     scaling = k.str("rope.scaling.type", "none")
-    if scaling not in spec.rope_scalings or scaling == "yarn":  # YaRN: from config.json only, for now
+    if scaling not in spec.rope_scalings or scaling == "yarn" and not spec.gguf_yarn:  # the spec's hook reads it
         k.bad("rope.scaling.type", f"RoPE scaling {scaling!r} is not supported{rope_refusal(scaling)}")
     rope = RoPE(base=k.float("rope.freq_base", 10000.0))
     # Checked here, not only by validate(): rope_freqs.weight below is turned into parameters from it.

@@ -9,6 +9,9 @@ without that key, its architecture's transformers config class ties by default: 
 HF stores offset from its canonical value (`arch.TensorSpec.hf_offset`: Gemma's norm weights hold w for
 a scale of 1 + w) is read as float32(offset + stored), the value the kernels and a GGUF file use.
 
+gpt-oss stores each layer's experts as one tensor (`arch.TensorSpec.hf_stacked`), in the hub's
+checkpoints as MXFP4 blocks and scales (config.json quantization_config mxfp4: `hf_mxfp4.py`).
+
 Pickle checkpoints (pytorch_model.bin, *.pt, *.pth, ..., or a pickle under any name: `pickles.py`)
 are refused, never opened: unpickling runs arbitrary code.
 """
@@ -25,6 +28,7 @@ from ..config import ModelConfig, RoPE, rope_refusal
 from ..errors import ModelFormatError
 from ..tokenizer.hf import CONFIG_FILE, TOKENIZER_FILE, read_hf_tokenizer
 from .checkpoint import Checkpoint, Tensor
+from .hf_mxfp4 import is_mxfp4, mxfp4_stack
 from .jsonfile import is_int as _is_int
 from .jsonfile import read_json as _read_json
 from .pickles import PICKLE_SUFFIXES, refuse_pickle
@@ -280,7 +284,7 @@ def _find_weight_files(path: Path) -> tuple[list[SafetensorsFile], Path]:
 
 
 def _tensors(files: list[SafetensorsFile], spec: archs.ArchSpec, cfg: ModelConfig, tie: bool, listing: Path,
-             progress: Callable[[int, int, str], None] | None) -> dict[str, Tensor]:
+             progress: Callable[[int, int, str], None] | None, mxfp4: bool = False) -> dict[str, Tensor]:
     where: dict[str, SafetensorsFile] = {}
     for f in files:
         for name in f.tensors:
@@ -288,6 +292,9 @@ def _tensors(files: list[SafetensorsFile], spec: archs.ArchSpec, cfg: ModelConfi
                 raise ModelFormatError(f.path, name, f"tensor also stored in {where[name].path.name}")
             where[name] = f
     known = {t.hf.format(*idx) for _, t, idx in spec.tensors_for(cfg)}
+    if mxfp4:  # the hub's gpt-oss: stacked expert matrices as MXFP4 blocks and scales
+        known |= {t.hf.format(*idx) + part for _, t, idx in spec.tensors_for(cfg) if t.hf_stacked
+                  for part in ("_blocks", "_scales")}
     for name, f in where.items():
         if name not in known and not name.endswith(_IGNORED_SUFFIXES):
             raise ModelFormatError(f.path, name, f"unexpected tensor: not part of a {spec.hf_architectures[0]} "
@@ -296,6 +303,11 @@ def _tensors(files: list[SafetensorsFile], spec: archs.ArchSpec, cfg: ModelConfi
 
     def find(canon, hname, want, t):
         f = where.get(hname)
+        if f is None and mxfp4 and t.hf_stacked and hname + "_blocks" in where:
+            f = where[hname + "_blocks"]
+            if where.get(hname + "_scales") is not f:
+                raise ModelFormatError(f.path, hname + "_scales", f"expected beside {hname}_blocks in {f.path.name}")
+            return mxfp4_stack(f, hname, want, t.hf_transposed)
         if f is None:
             if canon == archs.TIED[0]:
                 if tie:
@@ -328,7 +340,7 @@ def open_hf_dir(path: str | Path, progress: Callable[[int, int, str], None] | No
     if tokenizer.vocab_size > cfg.vocab_size:
         raise ModelFormatError(path / TOKENIZER_FILE, TOKENIZER_FILE,
                                f"{tokenizer.vocab_size} tokens but config.json's vocab_size is {cfg.vocab_size}")
-    tensors = _tensors(files, spec, cfg, tie, listing, progress)
+    tensors = _tensors(files, spec, cfg, tie, listing, progress, is_mxfp4(raw))
     metadata = {
         "format": "huggingface",
         "config": raw,

@@ -165,6 +165,20 @@ class SafetensorsFile:
 
         return Tensor(data, LOADABLE_DTYPES[t.dtype], t.shape, release=release)
 
+    def raw(self, name: str, dtype: str) -> tuple[np.ndarray, object]:
+        """(the tensor's bytes, a view of the mapped file; release()) for a tensor that must be of
+        `dtype` (MXFP4's U8 blocks and scales: not values on their own)."""
+        t = self.tensors[name]
+        if t.dtype != dtype:
+            raise ModelFormatError(self.path, f"{name}.dtype", f"expected {dtype}, found {t.dtype}")
+        if self._map is None:
+            self._map = map_file(self.path)
+
+        def release():
+            release_pages(self._map, t.offset, t.offset + t.nbytes)
+
+        return self._map[t.offset:t.offset + t.nbytes], release
+
     def get(self, name: str) -> np.ndarray:
         """The tensor as a C-contiguous float32 array (F16 and BF16 widened exactly)."""
         return self.tensor(name).float32()

@@ -81,6 +81,27 @@ def _check_out_dir(out: Path, overwrite: bool) -> None:
                                "only a directory a conversion wrote (remove them, or name another directory)")
 
 
+def _stack_experts(parts: dict, n_experts: int, transposed: bool) -> np.ndarray:
+    """An expert stack (`arch.TensorSpec.hf_stacked`) from its parts {(expert, interleave): array}: each
+    expert's array, or its two interleaved ones (rows of the canonical matrix: columns once
+    transposed, elements of a vector) woven back together."""
+    out = []
+    for e in range(n_experts):
+        if (e, None) in parts:
+            out.append(parts[(e, None)])
+            continue
+        a, b = parts[(e, 0)], parts[(e, 1)]
+        axis = -1 if transposed or a.ndim == 1 else 0
+        both = np.empty(a.shape[:axis % a.ndim] + (2 * a.shape[axis],) + a.shape[axis % a.ndim + 1:], a.dtype)
+        sl = [slice(None)] * a.ndim
+        sl[axis] = slice(0, None, 2)
+        both[tuple(sl)] = a
+        sl[axis] = slice(1, None, 2)
+        both[tuple(sl)] = b
+        out.append(both)
+    return np.ascontiguousarray(np.stack(out))  # C order: the writer saves the raw buffer
+
+
 def _hf_rope_scaling(rope, src: Path) -> dict | None:
     """config.json's rope_scaling (transformers 4.x form) for a RoPE read from a GGUF."""
     if rope.scaling == "none":
@@ -90,6 +111,10 @@ def _hf_rope_scaling(rope, src: Path) -> dict | None:
     if rope.scaling == "llama3":
         return {"rope_type": "llama3", "factor": rope.factor, "low_freq_factor": rope.low_freq_factor,
                 "high_freq_factor": rope.high_freq_factor, "original_max_position_embeddings": rope.original_context}
+    if rope.scaling == "yarn":
+        return {"rope_type": "yarn", "factor": rope.factor, "original_max_position_embeddings": rope.original_context,
+                "beta_fast": rope.beta_fast, "beta_slow": rope.beta_slow, "truncate": rope.truncate,
+                "attention_factor": rope.attention_factor}
     raise TinydetError(f"{src}: rope_freqs.weight: these per-frequency RoPE factors match no Llama 3 RoPE scaling "
                        "exactly, so config.json cannot say them (the GGUF itself runs as it is)")
 
@@ -121,6 +146,7 @@ def convert_gguf_to_hf(gguf_path, out_dir, dtype: str = "fp32", overwrite: bool 
 
     tensors: dict[str, np.ndarray] = {}  # HF name -> array; shapes as in the spec
     fused: dict[str, list] = {}  # HF name of a fused tensor -> its parts so far, by part index
+    stacked: dict[str, dict] = {}  # HF name of an expert stack -> its parts so far, by (expert, interleave)
     for canon, t, idx in spec.tensors_for(cfg):
         if canon == archs.TIED[0] and tied:
             continue
@@ -130,6 +156,14 @@ def convert_gguf_to_hf(gguf_path, out_dir, dtype: str = "fp32", overwrite: bool 
         if dtype == "fp16" and w.ndim == 2:
             w = w.astype(np.float16)  # the one rounding: IEEE round-to-nearest-even
         name = t.hf.format(*idx)
+        if t.experts and t.hf_stacked:  # every expert of a layer in one tensor (gpt-oss), [in, out] where transposed
+            w = w.T if t.hf_transposed else w
+            parts = stacked.setdefault(name, {})
+            parts[(idx[1], t.hf_interleave)] = w
+            n_parts = cfg.n_experts * (1 if t.hf_interleave is None else 2)
+            if len(parts) == n_parts:
+                tensors[name] = _stack_experts(stacked.pop(name), cfg.n_experts, t.hf_transposed)
+            continue
         if t.fused:  # one stored tensor, its parts' rows in order (Phi-3's qkv_proj, gate_up_proj)
             parts = fused.setdefault(name, [None] * len(t.fused))
             parts[t.part] = w

@@ -173,10 +173,11 @@ class CPUBackend(Backend):
                                                    CPUWeights.restore)
         w = self.weights
         self._w = (as_storage(w.table), w.attn_norm, as_storage(w.wqkv), w.bqkv, w.q_norm, w.k_norm,
-                   as_storage(w.wo), w.post_attn_norm, w.ffn_norm, as_storage(_kind(w, "w13", "w13e")),
+                   as_storage(w.wo), w.bo, w.sinks, w.post_attn_norm, w.ffn_norm, as_storage(_kind(w, "w13", "w13e")),
                    as_storage(_kind(w, "w2", "w2e")), w.post_ffn_norm, w.norm, as_storage(w.output))
         # A mixture of experts' kinds, or None: the pass then compiles without the mixture's code.
-        self._experts = None if config.dense_ffn else (as_storage(w.router), as_storage(w.w13e), as_storage(w.w2e))
+        self._experts = None if config.dense_ffn else (as_storage(w.router), w.router_bias, as_storage(w.w13e),
+                                                       w.b13e, as_storage(w.w2e), w.b2e)
         cfg = config
         ropes = list(dict.fromkeys((cfg.rope,) + cfg.layer_ropes))  # distinct RoPEs, first seen first
         self._inv_freq = [inv_freq(r, cfg.head_dim) for r in ropes]

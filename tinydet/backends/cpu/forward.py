@@ -50,12 +50,15 @@ def _see(hook, li, op, pos, slot, a, c0, c1):
 
 
 @njit(cache=True, inline="always")
-def _project(x, w, li, n_out, out, res, post, eps, nth, wbuf, hook, op, post_op, res_op, pos, slot):
-    """out = x W[li]^T, then res += out, with a post-norm of out first where the model has one."""
-    if hook == 0 and post.shape[1] == 0:
+def _project(x, w, b, li, n_out, out, res, post, eps, nth, wbuf, hook, op, post_op, res_op, pos, slot):
+    """out = x W[li]^T (+ b[li] where the model has that bias), then res += out, with a post-norm of
+    out first where the model has one."""
+    if hook == 0 and post.shape[1] == 0 and b.shape[1] == 0:
         mm(x, layer(w, li), n_out, out, nth, MM_RESIDUAL, res, res, 0, wbuf)
     else:
         mm(x, layer(w, li), n_out, out, nth, MM_PLAIN, out, out, 0, wbuf)
+        if b.shape[1]:
+            add_bias(out, b[li])
         _add_output(out, res, post, li, eps, n_out, hook, op, post_op, pos, slot)
     _see(hook, li, res_op, pos, slot, res, 0, n_out)
 
@@ -76,16 +79,17 @@ def forward(ids, pos, slot, rows, w, experts, k_cache, v_cache, cos, sin, layer_
     """Logits (len(rows), n_out) of rows `rows` of tokens `ids` at positions `pos` of sequences
     `slot`, appending each token's key and value to the caches.
 
-    w = (table, attn_norm, wqkv, bqkv, q_norm, k_norm, wo, post_attn_norm, ffn_norm, w13, w2,
-    post_ffn_norm, norm, output), as `weights.CPUWeights` holds them; `experts` (router, w13e, w2e) for a
-    mixture of experts, else None (numba then leaves the mixture's branch out); caches (L, ...) of
+    w = (table, attn_norm, wqkv, bqkv, q_norm, k_norm, wo, bo, sinks, post_attn_norm, ffn_norm, w13, w2,
+    post_ffn_norm, norm, output), as `weights.CPUWeights` holds them; `experts` (router, router_bias,
+    w13e, b13e, w2e, b2e) for a mixture of experts, else None (numba then leaves the mixture's branch
+    out); caches (L, ...) of
     `KVCache`; cos, sin (R, positions, head_dim / 2) with layer l using table layer_rope[l] (-1: a NoPE
-    layer, no rotation); windows (L,) the sliding window of each layer (0: none); act ops.SILU or
-    GELU_TANH; moe (n_experts, n_experts_used, moe.SOFTMAX or SOFTMAX_TOPK, norm_topk); embed_scale,
+    layer, no rotation); windows (L,) the sliding window of each layer (0: none); act ops.SILU,
+    GELU_TANH or SWIGLU_OAI; moe (n_experts, n_experts_used, moe.SOFTMAX or SOFTMAX_TOPK, norm_topk); embed_scale,
     logit_cap, attn_cap (attention scores' soft cap) 0 for none; nth, the thread count, only shapes the
     split of work; hook an id of HOOKS, or 0."""
-    (table, attn_norm, wqkv, bqkv, q_norm, k_norm, wo, post_attn_norm, ffn_norm, w13, w2, post_ffn_norm, norm,
-     w_out) = w
+    (table, attn_norm, wqkv, bqkv, q_norm, k_norm, wo, bo, sinks, post_attn_norm, ffn_norm, w13, w2, post_ffn_norm,
+     norm, w_out) = w
     n_experts, n_used, gating, norm_topk = moe
     T = ids.shape[0]
     dim = attn_norm.shape[1]
@@ -102,6 +106,7 @@ def forward(ids, pos, slot, rows, w, experts, k_cache, v_cache, cos, sin, layer_
     a = np.empty((T, ffn_dim), np.float32)
     rl = np.empty((T, n_experts), np.float32)  # router logits
     wbuf = scratch(nth, max(dim, q_dim, ffn_dim))
+    no_bias = np.zeros((1, 0), np.float32)  # the dense FFN's down projection has none
     embed_rows(table, ids, x)
     if embed_scale != 0:
         scale_rows(x, embed_scale)
@@ -123,15 +128,15 @@ def forward(ids, pos, slot, rows, w, experts, k_cache, v_cache, cos, sin, layer_
         _see(hook, li, ROPE_Q, pos, slot, q, 0, q_dim)
         if hook != 0:
             _see(hook, li, ROPE_K, pos, slot, widen_rows(kc, slot, pos), 0, kv_dim)  # what the cache holds
-        attention(q, kc, vc, pos, slot, n_heads, n_kv_heads, head_dim, attn_scale, attn_cap, windows[li], att, nth)
+        attention(q, kc, vc, pos, slot, n_heads, n_kv_heads, head_dim, attn_scale, attn_cap, windows[li], sinks[li],
+                  att, nth)
         _see(hook, li, ATTENTION, pos, slot, att, 0, q_dim)
-        _project(att, wo, li, dim, proj, x, post_attn_norm, eps, nth, wbuf, hook, ATTN_OUTPUT, POST_ATTN_NORM,
+        _project(att, wo, bo, li, dim, proj, x, post_attn_norm, eps, nth, wbuf, hook, ATTN_OUTPUT, POST_ATTN_NORM,
                  ATTN_RESIDUAL, pos, slot)
         rmsnorm(x, ffn_norm[li], eps, h)
         _see(hook, li, FFN_NORM, pos, slot, h, 0, dim)
         if experts is not None:
-            moe_ffn(h, li, experts[0], experts[1], experts[2], n_experts, n_used, gating, norm_topk, ffn_dim, act,
-                    proj, rl, nth, wbuf)
+            moe_ffn(h, li, experts, n_experts, n_used, gating, norm_topk, ffn_dim, act, proj, rl, nth, wbuf)
             _see(hook, li, ROUTER, pos, slot, rl, 0, n_experts)
             _add_output(proj, x, post_ffn_norm, li, eps, dim, hook, DOWN, POST_FFN_NORM, pos, slot)
             _see(hook, li, FFN_RESIDUAL, pos, slot, x, 0, dim)
@@ -144,8 +149,8 @@ def forward(ids, pos, slot, rows, w, experts, k_cache, v_cache, cos, sin, layer_
             _see(hook, li, UP, pos, slot, gu, ffn_dim, 2 * ffn_dim)
             glu_rows(gu, ffn_dim, a, act)
             _see(hook, li, ACTIVATION, pos, slot, a, 0, ffn_dim)
-        _project(a, w2, li, dim, proj, x, post_ffn_norm, eps, nth, wbuf, hook, DOWN, POST_FFN_NORM, FFN_RESIDUAL, pos,
-                 slot)
+        _project(a, w2, no_bias, li, dim, proj, x, post_ffn_norm, eps, nth, wbuf, hook, DOWN, POST_FFN_NORM,
+                 FFN_RESIDUAL, pos, slot)
     xr = np.empty((rows.shape[0], dim), np.float32)
     pr = np.empty(rows.shape[0], np.int64)
     sr = np.empty(rows.shape[0], np.int64)

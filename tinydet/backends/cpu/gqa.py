@@ -20,6 +20,7 @@ from numba import njit
 
 from .simd import LANES, f32, kahan, kahan1, v32_load, v32_splat, v32_zero, v_div, v_get, v_load, v_max_range, v_mul
 from .simd import prefetch, prefetch_row, v_splat, v_store, v_zero
+from .mathfn import exp32
 from .vmath import v_exp32_sub, v_tanh32
 
 ATILE = 64  # cache positions per tile of the transposed key cache
@@ -54,12 +55,13 @@ def _qk_pair(q, t, qa, qb, k_cache, kb, head_dim):
 
 
 def _pv_source(NH: int, pf: int = 16) -> str:
-    """pv(sc, cap, lo, n, v_cache, vi, vrow, hd, out, oi): for NH heads (head h's scores at
-    sc[h cap:], its output at out[oi + h hd:]), each dim's Kahan sum over positions lo..n-1 of
-    score * v, 32 dims a pass, divided by the head's denominator (a Kahan sum of its scores in position
-    order, summed beside the first pass). Written out per head: numba has no arrays of vectors."""
+    """pv(sc, cap, lo, n, v_cache, vi, vrow, hd, out, oi, se, has_sink): for NH heads (head h's
+    scores at sc[h cap:], its output at out[oi + h hd:]), each dim's Kahan sum over positions lo..n-1
+    of score * v, 32 dims a pass, divided by the head's denominator (a Kahan sum of its scores in
+    position order, summed beside the first pass, then, with has_sink, of its sink's se[h]). Written
+    out per head: numba has no arrays of vectors."""
     H = range(NH)
-    L = ["def pv(sc, cap, lo, n, v_cache, vi, vrow, hd, out, oi):"]
+    L = ["def pv(sc, cap, lo, n, v_cache, vi, vrow, hd, out, oi, se, has_sink):"]
     L += [f"    n{h} = f32(0.0)" for h in H]
     L += ["    for d in range(0, hd, PV_LANES):"]
     L += [f"        a{h} = v32_zero()\n        c{h} = v32_zero()" for h in H]
@@ -71,6 +73,8 @@ def _pv_source(NH: int, pf: int = 16) -> str:
     for h in H:
         L += [f"                e{h} = sc[{h} * cap + i]", f"                n{h}, m{h} = kahan1(e{h}, n{h}, m{h})",
               f"                a{h}, c{h} = kahan(v_mul(v32_splat(e{h}), vv), a{h}, c{h})"]
+    L += ["            if has_sink:"]
+    L += [f"                n{h}, m{h} = kahan1(se[{h}], n{h}, m{h})" for h in H]
     L += ["        else:", "            for i in range(lo, n):", "                vv = v32_load(v_cache, vi + i * vrow + d)"] + fetch
     L += [f"                a{h}, c{h} = kahan(v_mul(v32_splat(sc[{h} * cap + i]), vv), a{h}, c{h})" for h in H]
     L += [f"        v_store(out, oi + {h} * hd + d, v_div(a{h}, v32_splat(n{h})))" for h in H]
@@ -85,27 +89,31 @@ def _pv(NH: int, pf: int = 16):
 
 
 @njit(cache=True, inline="always")
-def exp_from_max(scores, base, j0, nt, mv):
+def exp_from_max(scores, base, j0, nt, mv, sinks, h):
     """Tiles j0 .. nt - 1 of the scores at scores[base:] replaced by exp32(s - m), m the largest lane
-    of mv: the softmax numerators of one head, its running max kept as the scalar loop keeps it (a
-    float64 holding a float32, as `ops._attend` documents)."""
+    of mv: the softmax numerators of head h, its running max kept as the scalar loop keeps it (a
+    float64 holding a float32, as `ops._attend` documents). With sinks (n_heads,) (else empty), head
+    h's sink logit joins the max last, and its numerator exp32(sink - m) is returned (else 0)."""
     m = -np.inf
     for i in range(LANES):
         e = v_get(mv, i)
         if e > m:
             m = e
+    if sinks.shape[0] and sinks[h] > m:
+        m = sinks[h]
     for j in range(j0, nt):
         v_store(scores, base + j * ATILE, v_exp32_sub(v_load(scores, base + j * ATILE), m))
+    return exp32(sinks[h] - m) if sinks.shape[0] else f32(0.0)
 
 
 def _attend_heads(NH: int):
-    """attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, score_cap, window, out,
-    t, h0, scores): `ops._attend` for row t and heads h0 .. h0 + NH - 1 (one KV group; NH even), `scores`
-    holding NH times the cache's capacity."""
+    """attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, score_cap, window, sinks,
+    out, t, h0, scores): `ops._attend` for row t and heads h0 .. h0 + NH - 1 (one KV group; NH even),
+    `scores` holding NH times the cache's capacity."""
     pv = _pv(NH)
 
-    def attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, score_cap, window, out, t,
-               h0, scores):
+    def attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, score_cap, window, sinks, out,
+               t, h0, scores):
         group = n_heads // n_kv_heads
         sl = slot[t]
         n = pos[t] + 1
@@ -123,13 +131,14 @@ def _attend_heads(NH: int):
                 sa, sb = _qk_pair(q, t, (h0 + hp) * head_dim, (h0 + hp + 1) * head_dim, k_cache, kb, head_dim)
                 v_store(scores, hp * cap + j * ATILE, scaled(sa, vscale, score_cap))
                 v_store(scores, (hp + 1) * cap + j * ATILE, scaled(sb, vscale, score_cap))
+        se = np.empty(NH, np.float32)  # the sinks' numerators
         for h in range(NH):
             mv = v_splat(f32(-np.inf))
             for j in range(j0, nt):
                 mv = v_max_range(mv, v_load(scores, h * cap + j * ATILE), lo - j * ATILE, n - j * ATILE)
-            exp_from_max(scores, h * cap, j0, nt, mv)
+            se[h] = exp_from_max(scores, h * cap, j0, nt, mv, sinks, h0 + h)
         pv(scores, cap, lo, n, v_cache, (sl * n_kv_heads + g) * v_cache.shape[2] * head_dim, head_dim, head_dim, out,
-           t * out.shape[1] + h0 * head_dim)
+           t * out.shape[1] + h0 * head_dim, se, sinks.shape[0] > 0)
 
     return njit(inline="always")(attend)
 

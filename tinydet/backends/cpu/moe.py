@@ -2,7 +2,8 @@
 their weighted sum, each row's arithmetic fixed whatever else is in the batch.
 
 Per row t of the normed input h:
-  router logits   l = h R^T, the one matrix product (`matmul.mm`): the same bits alone or batched;
+  router logits   l = h R^T (+ its bias: gpt-oss), the one matrix product (`matmul.mm`): the same
+                  bits alone or batched;
   choice          the n_used largest logits, by strict comparison, so that of equal logits the lower
                   expert id ranks first (ties broken by id, never by arrival or thread), a NaN below
                   every number; rank r is the r-th chosen;
@@ -12,7 +13,8 @@ Per row t of the normed input h:
                   the chosen logits only, in rank order. exp is `mathfn.exp32`: the same bits on every
                   machine;
   expert outputs  y_r = FFN_e(h_t) of expert e = the rank-r choice: its [w1; w3] product with the
-                  gated activation, then its w2 product, each the one matrix product;
+                  gated activation, then its w2 product, each the one matrix product (each adding
+                  its bias to the finished outputs where the model has them: gpt-oss);
   sum             out_t = w_0 y_0 + w_1 y_1 + ... in rank order, one float32 rounding per product and
                   per addition (the model's own weights on the model's own order, never arrival's).
 A batch groups its rows by expert, so that each expert's matrices are read once per step for every
@@ -28,7 +30,7 @@ from numba import njit
 from .loaders import layer
 from .mathfn import exp32
 from .matmul import MM_GLU, MM_PLAIN, mm
-from .ops import glu_rows
+from .ops import add_bias, glu_rows
 from .simd import LANES, f32
 
 SOFTMAX, SOFTMAX_TOPK = 0, 1  # ModelConfig.moe_gating "softmax", "softmax_topk"
@@ -73,13 +75,19 @@ def route(logits, n_used, gating, norm, sel, wt):
 
 
 @njit(cache=True)
-def moe_ffn(h, li, router, w13, w2, n_experts, n_used, gating, norm, ffn_dim, act, out, logits, nth, wbuf):
+def moe_ffn(h, li, experts, n_experts, n_used, gating, norm, ffn_dim, act, out, logits, nth, wbuf):
     """out (T, dim) = the mixture's output for the rows of h (T, dim) in layer li; `logits` (T,
-    n_experts) receives the router's. router: a stack over layers; w13 ([w1; w3]) and w2: stacks over
-    (layer, expert), layer li's expert e at li * n_experts + e."""
+    n_experts) receives the router's. experts = (router, router_bias, w13, b13, w2, b2): router a
+    stack over layers, its bias (L, n_experts); w13 ([w1; w3]) and w2 stacks over (layer, expert),
+    layer li's expert e at li * n_experts + e, their biases (L E, 2 ffn_dim) and (L E, dim); a bias
+    array of width 0 where the model has none. A bias is added to each finished output (one
+    rounding), before the activation."""
+    router, rb, w13, b13, w2, b2 = experts
     T, dim = h.shape
     E = n_experts
     mm(h, layer(router, li), E, logits, nth, MM_PLAIN, logits, logits, 0, wbuf)
+    if rb.shape[1]:
+        add_bias(logits, rb[li])
     sel = np.empty((T, n_used), np.int64)
     wt = np.empty((T, n_used), np.float32)
     route(logits, n_used, gating, norm, sel, wt)
@@ -110,13 +118,17 @@ def moe_ffn(h, li, router, w13, w2, n_experts, n_used, gating, norm, ffn_dim, ac
         gu = np.empty((n, 2 * ffn_dim), np.float32)
         a = np.empty((n, ffn_dim), np.float32)
         w = li * E + e
-        if ffn_dim % LANES == 0:
+        if ffn_dim % LANES == 0 and b13.shape[1] == 0:
             mm(xe, layer(w13, w), 2 * ffn_dim, gu, nth, MM_GLU, gu, a, act, wbuf)
         else:
             mm(xe, layer(w13, w), 2 * ffn_dim, gu, nth, MM_PLAIN, gu, gu, 0, wbuf)
+            if b13.shape[1]:
+                add_bias(gu, b13[w])
             glu_rows(gu, ffn_dim, a, act)
         ye = np.empty((n, dim), np.float32)
         mm(a, layer(w2, w), dim, ye, nth, MM_PLAIN, ye, ye, 0, wbuf)
+        if b2.shape[1]:
+            add_bias(ye, b2[w])
         for j in range(n):
             p = pairs[start[e] + j]
             for d in range(dim):

@@ -26,8 +26,9 @@ from .simd import (LANES, VECTORS, f32, kahan, kahan1, narrow, prefetch_row, tar
                    v_max_range, v_mul, v_neg, v_splat, v_sqrt, v_store, v_zero, widen)
 from .vmath import v_exp32, v_tanh32
 
-SILU, GELU_TANH = 0, 1  # the gated activations (ModelConfig.activation "silu", "gelu_tanh")
-ACTIVATIONS = {"silu": SILU, "gelu_tanh": GELU_TANH}
+SILU, GELU_TANH, SWIGLU_OAI = 0, 1, 2  # the gated activations (ModelConfig.activation)
+ACTIVATIONS = {"silu": SILU, "gelu_tanh": GELU_TANH, "swiglu_oai": SWIGLU_OAI}
+OAI_ALPHA, OAI_LIMIT = f32(1.702), f32(7.0)  # gpt-oss's clamped SwiGLU (arch/gptoss.py)
 
 # GELU's tanh approximation, as PyTorch computes it in float32: 0.5 x (1 + tanh(b (x + k x^3)))
 GELU_B = f32(1.41421356237309504880 * 1.12837916709551257390 * 0.5)  # sqrt(2) * (2 / sqrt(pi)) / 2
@@ -171,15 +172,15 @@ def rope_tables(n_pos, inv_freq, cos, sin):
 # Attention.
 
 def _pv_passes(W: int):
-    """pv(scores, lo, n, v_cache, vi, vrow, d0, d1, out, oi, den, have) -> (den, have): dims d0..d1 (a
-    multiple of W lanes apart) of the weighted sum of V, W dims a pass: per d, the Kahan sum over
-    positions lo..n-1 in order of scores[i] * v[vi + i vrow + d], divided by den and stored at
-    out[oi + d]. Until `have`, the first pass also sums den (the scores, Kahan in position order): a
-    scalar chain riding beside W independent ones. W changes which dims share a pass, never a dim's
+    """pv(scores, lo, n, v_cache, vi, vrow, d0, d1, out, oi, den, have, se, has_sink) -> (den, have):
+    dims d0..d1 (a multiple of W lanes apart) of the weighted sum of V, W dims a pass: per d, the Kahan
+    sum over positions lo..n-1 in order of scores[i] * v[vi + i vrow + d], divided by den and stored
+    at out[oi + d]. Until `have`, the first pass also sums den (the scores, Kahan in position order,
+    then the sink's numerator se where has_sink): a scalar chain riding beside W independent ones. W changes which dims share a pass, never a dim's
     operations, so every width gives the same bits."""
     Z, S, L = VECTORS[W]
 
-    def pv(scores, lo, n, v_cache, vi, vrow, d0, d1, out, oi, den, have):
+    def pv(scores, lo, n, v_cache, vi, vrow, d0, d1, out, oi, den, have, se, has_sink):
         for d in range(d0, d1, W):
             acc = Z()
             cmp = Z()
@@ -192,6 +193,8 @@ def _pv_passes(W: int):
                     e = scores[i]
                     den, dc = kahan1(e, den, dc)
                     acc, cmp = kahan(v_mul(S(e), L(v_cache, vi + i * vrow + d)), acc, cmp)
+                if has_sink:
+                    den, dc = kahan1(se, den, dc)
                 have = True
             v_store(out, oi + d, v_div(acc, S(den)))
         return den, have
@@ -206,10 +209,12 @@ _pv64, _pv32, _pv16 = (_pv_passes(w) for w in (64, 32, 16))
 
 
 @njit(cache=True, inline="always")
-def _attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, score_cap, window, out, t, h,
-            scores):
+def _attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, score_cap, window, sinks, out, t,
+            h, scores):
     """Row t, head h: scores over positions lo..pos[t] of sequence slot[t] (lo = 0, or the first of the
-    last `window` positions), softmax, weighted sum of V.
+    last `window` positions), softmax, weighted sum of V. With sinks (n_heads,) (else empty), head h's
+    sink logit joins the softmax's max (after the scores) and its denominator (after the positions'
+    terms), and nothing of V: gpt-oss's attention sinks.
 
     q.k: per position, Kahan over d in order (64 positions at a time, one per lane), times the scale,
     soft-capped where score_cap != 0 (`gqa.scaled`). The running max
@@ -238,21 +243,24 @@ def _attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale
         s = scaled(s, vscale, score_cap)
         v_store(scores, j * ATILE, s)
         mv = v_max_range(mv, s, lo - j * ATILE, n - j * ATILE)
-    exp_from_max(scores, 0, j0, nt, mv)
+    se = exp_from_max(scores, 0, j0, nt, mv, sinks, h)
+    has_sink = sinks.shape[0] > 0
     vrow = head_dim
     vi = (sl * n_kv_heads + g) * v_cache.shape[2] * head_dim
     oi = t * out.shape[1] + qo
     d1 = head_dim - head_dim % 64
     d2 = d1 + (head_dim - d1) // 32 * 32
     d3 = d2 + (head_dim - d2) // 16 * 16
-    den, have = _pv64(scores, lo, n, v_cache, vi, vrow, 0, d1, out, oi, f32(0.0), False)
-    den, have = _pv32(scores, lo, n, v_cache, vi, vrow, d1, d2, out, oi, den, have)
-    den, have = _pv16(scores, lo, n, v_cache, vi, vrow, d2, d3, out, oi, den, have)
+    den, have = _pv64(scores, lo, n, v_cache, vi, vrow, 0, d1, out, oi, f32(0.0), False, se, has_sink)
+    den, have = _pv32(scores, lo, n, v_cache, vi, vrow, d1, d2, out, oi, den, have, se, has_sink)
+    den, have = _pv16(scores, lo, n, v_cache, vi, vrow, d2, d3, out, oi, den, have, se, has_sink)
     if d3 < head_dim:
         if not have:
             dc = f32(0.0)
             for i in range(lo, n):
                 den, dc = kahan1(scores[i], den, dc)
+            if has_sink:
+                den, dc = kahan1(se, den, dc)
         nd = head_dim - d3
         acc1 = np.zeros(nd, np.float32)
         cmp1 = np.zeros(nd, np.float32)
@@ -270,10 +278,12 @@ _GROUPED = target_isa() == "avx512"
 
 
 @njit(parallel=True, cache=True)
-def attention(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, score_cap, window, out, nth):
+def attention(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, score_cap, window, sinks, out,
+              nth):
     """Causal grouped-query attention: row t attends to positions 0..pos[t] (with `window` > 0, the
     last `window` of them) of sequence slot[t]; each score is q.k times `scale`, then with `score_cap`
-    != 0 soft-capped to cap * tanh(score / cap). A work item is a row's head, or a chunk of the heads
+    != 0 soft-capped to cap * tanh(score / cap); `sinks` (n_heads,) each head's sink logit, or empty
+    (`_attend`). A work item is a row's head, or a chunk of the heads
     of one KV group (`gqa.chunking`); scores, softmax and the weighted sum of V run over cache positions
     in order, so a row's result depends neither on how its prompt was chunked nor on which other
     sequences share the batch. `nth`, the thread count, only shapes the split of work."""
@@ -283,13 +293,13 @@ def attention(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, sca
     cw, U = chunking(T, n_heads, n_kv_heads, head_dim, nth) if _GROUPED else (1, group)
     per_row = n_kv_heads * U
     for job in prange(T * per_row):  # job as int64: the outlined loop's index is uint64
-        _attention_job(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, score_cap, window, out,
-                       np.int64(job), T, per_row, U, cw, cap)
+        _attention_job(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, score_cap, window, sinks,
+                       out, np.int64(job), T, per_row, U, cw, cap)
 
 
 @njit(cache=True)
-def _attention_job(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, score_cap, window, out,
-                   job, T, per_row, U, cw, cap):
+def _attention_job(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, score_cap, window, sinks,
+                   out, job, T, per_row, U, cw, cap):
     # A function of its own, called from attention's parallel loop: numba types a prange body twice
     # (in the function, then as its outlined loop), and compiled what the body inlines both times.
     # Rows are taken from both ends in turn (0, T-1, 1, T-2, ...): in a prompt, later rows attend to
@@ -303,16 +313,16 @@ def _attention_job(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim
     if u < full and cw > 1:
         scores = np.empty(cw * cap, np.float32)
         if cw == 4:
-            attend4(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, score_cap, window, out, t,
-                    g * group + 4 * u, scores)
+            attend4(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, score_cap, window, sinks, out,
+                    t, g * group + 4 * u, scores)
         else:
-            attend2(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, score_cap, window, out, t,
-                    g * group + 2 * u, scores)
+            attend2(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, score_cap, window, sinks, out,
+                    t, g * group + 2 * u, scores)
     else:
         scores = np.empty(cap, np.float32)
         h = g * group + (u if cw == 1 else full * cw + u - full)
-        _attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, score_cap, window, out, t, h,
-                scores)
+        _attend(q, k_cache, v_cache, pos, slot, n_heads, n_kv_heads, head_dim, scale, score_cap, window, sinks, out, t,
+                h, scores)
 
 
 @njit(cache=True)
@@ -337,14 +347,32 @@ def _gelu(g):
     return (f32(0.5) * g) * (f32(1.0) + tanh32(GELU_B * (g + GELU_K * ((g * g) * g))))
 
 
+@njit(cache=True, inline="always")
+def _swiglu_oai(g, u):
+    """gpt-oss's clamped SwiGLU, as transformers' GptOssExperts computes it in float32: g = min(g, 7),
+    u = clamp(u, -7, 7) (a NaN stays NaN), (u + 1) * (g * sigmoid(1.702 g)), sigmoid(x) = 1 / (1 + e**-x)."""
+    if g > OAI_LIMIT:
+        g = OAI_LIMIT
+    if u > OAI_LIMIT:
+        u = OAI_LIMIT
+    elif u < -OAI_LIMIT:
+        u = -OAI_LIMIT
+    return (u + f32(1.0)) * (g * (f32(1.0) / (f32(1.0) + exp32(-(g * OAI_ALPHA)))))
+
+
 @njit(cache=True)
 def glu_span(gu, ta, tb, ffn_dim, act, n0, n1, kind):
-    """act[t, n] = f(gate) * up for rows ta <= t < tb and n0 <= n < n1, gu[t] = [gate | up]."""
+    """act[t, n] = f(gate, up) for rows ta <= t < tb and n0 <= n < n1, gu[t] = [gate | up]: f(gate) * up
+    (SiLU, GELU-tanh: 64 lanes at a time, the tail one by one), or gpt-oss's (one by one)."""
     one = v_splat(f32(1.0))
     half = v_splat(f32(0.5))
     b = v_splat(GELU_B)
     k = v_splat(GELU_K)
     for t in range(ta, tb):
+        if kind == SWIGLU_OAI:
+            for i in range(n0, n1):
+                act[t, i] = _swiglu_oai(gu[t, i], gu[t, ffn_dim + i])
+            continue
         n = n0
         while n + LANES <= n1:
             g = v_load(gu, t * 2 * ffn_dim + n)

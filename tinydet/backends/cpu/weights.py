@@ -121,9 +121,10 @@ def _native_kind(per_layer: list[list[Tensor]]):
     kind = kinds.pop() if len(kinds) == 1 else None
     if kind in NATIVE_TYPES:
         k = per_layer[0][0].shape[1]
-        # one layer at a time straight into the stack, its file bytes let go once copied
-        return pack_stack([[(p.data, p.row_order, p.ggml_type) for p in parts] for parts in per_layer], kind, k,
-                          done=lambda li: _release([per_layer[li]]))
+        # one layer at a time straight into the stack, its file bytes let go once copied (and a derived
+        # tensor's bytes, `formats.checkpoint.Derived`, made only when its layer's turn comes)
+        return pack_stack(_Lazy(lambda li: [(p.data, p.row_order, p.ggml_type) for p in per_layer[li]],
+                                len(per_layer)), kind, k, done=lambda li: _release([per_layer[li]]))
     if kind == F16:  # the file's fp16 bits, moved as they are
         st = _stack([_f16_panels(parts) for parts in per_layer])
         _release(per_layer)
@@ -133,6 +134,19 @@ def _native_kind(per_layer: list[list[Tensor]]):
         if mixed is not None:
             return mixed
     return _pack_stack(per_layer, "fp32")
+
+
+class _Lazy:
+    """A sequence of n items made by item(i) when read."""
+
+    def __init__(self, item, n: int):
+        self.item, self.n = item, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        return (self.item(i) for i in range(self.n))
 
 
 def _segment_key(ggml_type: int):
@@ -198,12 +212,24 @@ def _vectors(cfg: ModelConfig, tensors: dict, names: tuple[str, ...]) -> np.ndar
     return _stack([np.concatenate([tensors[f"layers.{i}.{n}"].float32() for n in names]) for i in range(cfg.n_layers)])
 
 
+def _expert_vectors(cfg: ModelConfig, tensors: dict, names: tuple[str, ...]) -> np.ndarray:
+    """Per-(layer, expert) float32 vectors concatenated, layer l's expert e at row l * n_experts + e:
+    (L E, width); (L E, 0) when the model has none."""
+    E = cfg.n_experts
+    if f"layers.0.experts.0.{names[0]}" not in tensors:
+        return np.zeros((cfg.n_layers * E, 0), np.float32)
+    return _stack([np.concatenate([tensors[f"layers.{i}.experts.{e}.{n}"].float32() for n in names])
+                   for i in range(cfg.n_layers) for e in range(E)])
+
+
 class CPUWeights:
     """Packed weights (shapes per layer l; "panels" of a matrix [N, K] are (ceil(N/64), K, 64) float,
     or `QPanels` in native storage, each kind stacked over layers):
       attn_norm, ffn_norm (L, dim); q_norm, k_norm (L, head_dim), or (L, q_dim) and (L, kv_dim) for
       norms over all of q and k (OLMoE); post_attn_norm, post_ffn_norm
-      (L, dim); bqkv (L, q_dim + 2 kv_dim): float32, the optional ones (L, 0) when absent;
+      (L, dim); bqkv (L, q_dim + 2 kv_dim); bo (L, dim); sinks (L, n_heads): float32, the optional
+      ones (L, 0) when absent; a mixture's router_bias (L, n_experts), b13e (L E, 2 ffn_dim) and b2e
+      (L E, dim), (.., 0) when absent;
       wqkv [wq; wk; wv], wo, w13 [w1; w3], w2: panels; norm (dim,); output: panels; a mixture of
       experts has router, w13e and w2e (`MOE_MATRICES`) instead of w13 and w2;
       table: the embedding, a (vocab, dim) float array, or the output's storage when tied to it."""
@@ -232,6 +258,12 @@ class CPUWeights:
         self.post_attn_norm = _vectors(cfg, tensors, ("post_attention_norm",))
         self.post_ffn_norm = _vectors(cfg, tensors, ("post_ffn_norm",))
         self.bqkv = _vectors(cfg, tensors, ("bq", "bk", "bv"))
+        self.bo = _vectors(cfg, tensors, ("bo",))
+        self.sinks = _vectors(cfg, tensors, ("sinks",))
+        if cfg.n_experts:
+            self.router_bias = _vectors(cfg, tensors, ("router_bias",))
+            self.b13e = _expert_vectors(cfg, tensors, ("b1", "b3"))
+            self.b2e = _expert_vectors(cfg, tensors, ("b2",))
         emb, out = tensors["tok_embeddings"], tensors["output"]
         if dtype in ("native", "int8"):
             conv = _integer if dtype == "int8" else (lambda st: st)
