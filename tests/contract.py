@@ -18,30 +18,29 @@ _IN_PROCESS = 20 + (4 if structured_available() else 0)
 VERIFY_CELLS = 3 * (_IN_PROCESS + len(numba_targets()))
 VERIFY_CELLS_QUANTIZED = 4 * (_IN_PROCESS + len(numba_targets()))
 
-# int8's cells without the other targets' and NumPy's runs (`check_verify_matrix`)
+# A dtype's cells without the other targets' and NumPy's runs (`check_verify_matrix`)
 VERIFY_CELLS_IN_PROCESS = _IN_PROCESS - 1
 
 
 def check_verify_matrix(path) -> None:
-    """`tinydet verify` on a tiny quantized file passes: the float dtypes' whole matrix, and int8's cells
-    in its own process. int8's runs under the other numba targets and NumPy's dispatch are SmolLM2's
-    (test_verify.py; test_golden.py under each target): int8 differs from fp32 only in its matrix
-    products, the same kernels whatever the architecture, and each target's compile of another tiny
-    model's int8 pass is minutes of CI."""
+    """`tinydet verify` on a tiny quantized file passes: every dtype's cells in its own process (fp32,
+    fp16, native and int8). The runs under the other numba targets and with NumPy's dispatch off are
+    SmolLM2's and stories260K's (test_verify.py; test_golden.py under each target): an architecture's
+    flags change which kernels run, not how a target compiles them, and each target's compile of
+    another tiny model's passes, in subprocesses, was minutes of CI per architecture."""
     import json
 
     from click.testing import CliRunner
 
     from tinydet.cli import main
 
-    base = ["verify", "--model", str(path), "--json", "--new-tokens", "12"]
-    for extra, n, dtypes in ((["--dtype", "fp32", "--dtype", "fp16", "--dtype", "native"], VERIFY_CELLS,
-                              {"fp32", "fp16", "native"}),
-                             (["--dtype", "int8", "--no-subprocess"], VERIFY_CELLS_IN_PROCESS, {"int8"})):
-        r = CliRunner().invoke(main, base + extra)
-        assert r.exit_code == 0, r.output
-        out = json.loads(r.stdout)
-        assert out["passed"] and len(out["cells"]) == n and {c["dtype"] for c in out["cells"]} == dtypes
+    dtypes = ("fp32", "fp16", "native", "int8")
+    r = CliRunner().invoke(main, ["verify", "--model", str(path), "--json", "--new-tokens", "12", "--no-subprocess"]
+                           + [a for d in dtypes for a in ("--dtype", d)])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["passed"] and len(out["cells"]) == len(dtypes) * VERIFY_CELLS_IN_PROCESS
+    assert {c["dtype"] for c in out["cells"]} == set(dtypes)
 
 
 # (threads, chunk) pairs; every test adds chunks that cross its model's sliding window at each offset.
