@@ -18,17 +18,27 @@ Per row t of the normed input h:
 A batch groups its rows by expert, so that each expert's matrices are read once per step for every
 row that chose it; the one matrix product gives each row the bits it has alone, so grouping changes
 no row's arithmetic. Only the chosen experts' weights are read.
+
+Where mm would take its units path for every chosen expert (decode: one row, each expert reading it;
+or a few rows on quantized or fp16 panels, `loaders.few_rows`), the experts' products do not run as
+an mm each (two parallel regions per expert, 17 a layer for 8 experts) but all in one region for
+[w1; w3] with the gated activation and one for w2 (3 a layer with the router's): the units of every
+chosen expert in a row, each thread an equal run (`_experts_job`), each run computed by the function
+mm's decode jobs call (`matmul.units_span`) on the same rows, in the integer mode quantized as mm
+quantizes them. mm's bits depend on neither the split nor the thread count, so a row's bits are the
+same on either path; many rows (prefill) keep an mm per expert.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange, types
+from numba.extending import overload
 
-from .loaders import layer
+from .loaders import act_alloc, few_rows, layer, quantizes, units
 from .mathfn import exp32
-from .matmul import MM_GLU, MM_PLAIN, mm
-from .ops import glu_rows
+from .matmul import MM_GLU, MM_PLAIN, _mm, _quantize_rows, mm, units_span
+from .ops import glu_rows, glu_span
 from .simd import LANES, f32
 
 SOFTMAX, SOFTMAX_TOPK = 0, 1  # ModelConfig.moe_gating "softmax", "softmax_topk"
@@ -91,39 +101,115 @@ def moe_ffn(h, li, router, w13, w2, n_experts, n_used, gating, norm, ffn_dim, ac
     for e in range(E):
         start[e + 1] += start[e]
     fill = start[:E].copy()
-    pairs = np.empty(T * n_used, np.int64)  # t * n_used + r
+    P = T * n_used
+    at = np.empty(P, np.int64)  # where (row t, rank r) = t * n_used + r stands in that order
     for t in range(T):
         for r in range(n_used):
             e = sel[t, r]
-            pairs[fill[e]] = t * n_used + r
+            at[t * n_used + r] = fill[e]
             fill[e] += 1
-    ys = np.empty((T * n_used, dim), np.float32)  # y of each (row, rank)
+    # the chosen experts (ws: their index in the stacks), each one's run [r0, r1) of the pairs
+    n_chosen = 0
     for e in range(E):
-        n = start[e + 1] - start[e]
-        if n == 0:
-            continue
-        xe = np.empty((n, dim), np.float32)
-        for j in range(n):
-            t = pairs[start[e] + j] // n_used
-            for d in range(dim):
-                xe[j, d] = h[t, d]
-        gu = np.empty((n, 2 * ffn_dim), np.float32)
-        a = np.empty((n, ffn_dim), np.float32)
-        w = li * E + e
-        if ffn_dim % LANES == 0:
-            mm(xe, layer(w13, w), 2 * ffn_dim, gu, nth, MM_GLU, gu, a, act, wbuf)
+        if start[e + 1] > start[e]:
+            n_chosen += 1
+    ws = np.empty(n_chosen, np.int64)
+    r0 = np.empty(n_chosen, np.int64)
+    r1 = np.empty(n_chosen, np.int64)
+    j = 0
+    for e in range(E):
+        if start[e + 1] > start[e]:
+            ws[j] = li * E + e
+            r0[j] = start[e]
+            r1[j] = start[e + 1]
+            j += 1
+    # Each pair's input row: h itself for one row (every expert reads row 0), else gathered
+    x = h
+    i0, i1 = np.zeros(n_chosen, np.int64), np.ones(n_chosen, np.int64)
+    if T > 1:
+        x = np.empty((P, dim), np.float32)
+        for t in range(T):
+            for r in range(n_used):
+                for d in range(dim):
+                    x[at[t * n_used + r], d] = h[t, d]
+        i0, i1 = r0, r1
+    gu = np.empty((P, 2 * ffn_dim), np.float32)
+    a = np.empty((P, ffn_dim), np.float32)
+    y = np.empty((P, dim), np.float32)
+    # modes and kinds as values, not constants (each constant would compile _experts_units once more)
+    plain, none = np.int64(MM_PLAIN), np.int64(0)
+    if ffn_dim % LANES == 0:
+        experts_mm(x, i0, i1, w13, ws, 2 * ffn_dim, gu, r0, np.int64(MM_GLU), a, act, nth, wbuf)
+    else:
+        experts_mm(x, i0, i1, w13, ws, 2 * ffn_dim, gu, r0, plain, gu, none, nth, wbuf)
+        if T == 1:  # a few rows: on this thread (glu_rows would open a parallel region)
+            glu_span(gu, np.int64(0), P, ffn_dim, a, np.int64(0), ffn_dim, act)
         else:
-            mm(xe, layer(w13, w), 2 * ffn_dim, gu, nth, MM_PLAIN, gu, gu, 0, wbuf)
             glu_rows(gu, ffn_dim, a, act)
-        ye = np.empty((n, dim), np.float32)
-        mm(a, layer(w2, w), dim, ye, nth, MM_PLAIN, ye, ye, 0, wbuf)
-        for j in range(n):
-            p = pairs[start[e] + j]
-            for d in range(dim):
-                ys[p, d] = ye[j, d]
+    experts_mm(a, r0, r1, w2, ws, dim, y, r0, plain, y, none, nth, wbuf)
     for t in range(T):
         for d in range(dim):
-            acc = wt[t, 0] * ys[t * n_used, d]
+            acc = wt[t, 0] * y[at[t * n_used], d]
             for r in range(1, n_used):
-                acc = acc + wt[t, r] * ys[t * n_used + r, d]
+                acc = acc + wt[t, r] * y[at[t * n_used + r], d]
             out[t, d] = acc
+
+
+@njit(inline="always")
+def experts_mm(x, i0, i1, w, ws, n_out, out, o0, mode, act, kind, nth, wbuf):
+    """For each chosen expert j: out[o0[j] + i] = the one matrix product (`matmul.mm`, with the epilogue
+    of `mode`; `act` rows likewise from o0[j]) of rows i0[j] + i < i1[j] of x and the stack w's matrix
+    ws[j]. Where mm would take its units path for every expert (one row each, or `few_rows`), all of
+    them run in one parallel region (`_experts_units`); else each its own mm."""
+    most = 0
+    for j in range(ws.shape[0]):
+        most = max(most, i1[j] - i0[j])
+    if most == 1 or few_rows(layer(w, ws[0]), most):
+        _experts_units(x, i0, i1, w, ws, n_out, out, o0, nth, mode, act, kind)
+        return
+    for j in range(ws.shape[0]):  # mm's own region (_mm: the specializations mm already compiles)
+        o1 = o0[j] + i1[j] - i0[j]
+        _mm(x[i0[j]:i1[j]], layer(w, ws[j]), n_out, out[o0[j]:o1], nth, mode, out[o0[j]:o1], act[o0[j]:o1], kind,
+            wbuf)
+
+
+@njit(parallel=True, cache=True)
+def _experts_units(x, i0, i1, w, ws, n_out, out, o0, nth, mode, act, kind):
+    w0 = layer(w, ws[0])
+    xa = act_alloc(x, w0)
+    if quantizes(w0):  # every row once, on this thread (the function mm's threads run: compiled once)
+        _quantize_rows(x, w0, xa, np.int64(0), np.int64(1))
+    for th in prange(nth):
+        _experts_job(xa, i0, i1, w, ws, n_out, out, o0, np.int64(th), nth, mode, act, kind)
+
+
+@njit(cache=True)
+def _experts_job(xa, i0, i1, w, ws, n_out, out, o0, th, nth, mode, act, kind):
+    # The experts' units in a row, each thread an equal run of them (the same split as mm's over one
+    # matrix, which no output's bits depend on); a GLU's unit covers its gate and up parts.
+    parts = 2 if mode == MM_GLU else 1
+    U = units(layer(w, ws[0])) // parts  # the experts of a stack have one shape
+    N = ws.shape[0] * U
+    lo, hi = th * N // nth, (th + 1) * N // nth
+    for j in range(lo // U, min(ws.shape[0], (hi + U - 1) // U)):
+        u0, u1 = max(lo - j * U, 0), min(hi - j * U, U)
+        if u0 < u1:
+            n = i1[j] - i0[j]
+            o = out[o0[j]:o0[j] + n]
+            units_span(act_part(xa, i0[j], i1[j]), n, layer(w, ws[j]), n_out, o, u0, u1, parts, mode, o,
+                       act[o0[j]:o0[j] + n], kind)
+
+
+def act_part(xa, a, b):
+    raise NotImplementedError("act_part is for jitted code")
+
+
+@overload(act_part, inline="always")
+def _act_part(xa, a, b):
+    """Rows a .. b of `act_alloc`'s activations: of x, or of each array of its tuple (views)."""
+    if isinstance(xa, types.Array):
+        return lambda xa, a, b: xa[a:b]
+    src = "def f(xa, a, b):\n    return (" + "".join(f"xa[{i}][a:b], " for i in range(len(xa))) + ")"
+    scope = {}
+    exec(src, scope)  # noqa: S102 (one slice per array of the tuple)
+    return scope["f"]
