@@ -185,16 +185,21 @@ def _experts_units(x, i0, i1, w, ws, n_out, out, o0, nth, mode, act, kind):
 
 @njit(cache=True)
 def _experts_job(xa, i0, i1, w, ws, n_out, out, o0, th, nth, mode, act, kind):
-    # The experts' units in a row, each thread an equal run of them (the same split as mm's over one
-    # matrix, which no output's bits depend on); a GLU's unit covers its gate and up parts.
+    # The experts' units in a row, each weighing its rows (expert j's out rows o0[j] .. are the pairs'
+    # running count, so its units start at o0[j] U), each thread an equal run of that weight: a unit
+    # goes to the thread whose run holds its start. Only the split, which no output's bits depend on
+    # (as mm's over one matrix); a GLU's unit covers its gate and up parts.
     parts = 2 if mode == MM_GLU else 1
     U = units(layer(w, ws[0])) // parts  # the experts of a stack have one shape
-    N = ws.shape[0] * U
+    last = ws.shape[0] - 1
+    N = (o0[last] + i1[last] - i0[last]) * U
     lo, hi = th * N // nth, (th + 1) * N // nth
-    for j in range(lo // U, min(ws.shape[0], (hi + U - 1) // U)):
-        u0, u1 = max(lo - j * U, 0), min(hi - j * U, U)
+    for j in range(ws.shape[0]):
+        n = i1[j] - i0[j]
+        c = o0[j] * U
+        u0 = min(U, max(0, (lo - c + n - 1) // n))  # the first unit starting at or after lo
+        u1 = min(U, max(0, (hi - c + n - 1) // n))
         if u0 < u1:
-            n = i1[j] - i0[j]
             o = out[o0[j]:o0[j] + n]
             units_span(act_part(xa, i0[j], i1[j]), n, layer(w, ws[j]), n_out, o, u0, u1, parts, mode, o,
                        act[o0[j]:o0[j] + n], kind)
