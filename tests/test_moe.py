@@ -142,6 +142,14 @@ def test_memory_estimate_counts_every_expert(files):
         assert abs(est - real) <= 0.01 * real, (dtype, est, real)
 
 
+def test_native_keeps_batch_invariance(qwen_files):
+    """Quantized panels take mm's units path for a few rows (`loaders.few_rows`): a chunk's or a batch
+    step's experts then run in one parallel region, one row or several each, as a single row's do;
+    the prompt in one pass runs each expert's own product. Every way gives each row the same bits."""
+    m = tinydet.load(qwen_files[2], dtype="native")
+    check_threads_chunking_and_batch(m, m.tokenize(TEXTS[1]), TEXTS[:3])
+
+
 def test_int8_keeps_batch_invariance(qwen_files):
     """(One architecture: the integer products are the same kernels for every one.)"""
     m = tinydet.load(qwen_files[2], dtype="int8")

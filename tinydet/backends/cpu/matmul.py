@@ -79,13 +79,19 @@ def _quantize_rows(x, w, xa, th, nth):
 
 
 @njit(cache=True)
-def _units_job(x, xa, w, n_out, out, th, nth, parts, mode, res, act, kind):
+def units_span(xa, T, w, n_out, out, u0, u1, parts, mode, res, act, kind):
+    """Units u0 .. u1 of the T rows of xa (`act_alloc`'s), then the mode's epilogue on their outputs:
+    a decode job's work, also run by the mixture's experts (`moe.py`), with the same bits."""
     U = units(w) // parts  # a GLU's unit u of the gate goes with unit U + u of the up part
-    u0 = th * U // nth
-    u1 = (th + 1) * U // nth
     for part in range(parts):
         gemv_units(xa, w, n_out, out, u0 + part * U, u1 + part * U)
-    _epilogue(out, np.int64(0), x.shape[0], u0 * HALF, u1 * HALF, n_out, mode, res, act, kind)
+    _epilogue(out, np.int64(0), T, u0 * HALF, u1 * HALF, n_out, mode, res, act, kind)
+
+
+@njit(cache=True)
+def _units_job(x, xa, w, n_out, out, th, nth, parts, mode, res, act, kind):
+    U = units(w) // parts
+    units_span(xa, x.shape[0], w, n_out, out, th * U // nth, (th + 1) * U // nth, parts, mode, res, act, kind)
 
 
 @njit(cache=True)
