@@ -178,6 +178,30 @@ def test_harmony_template_renders_as_transformers_does(files, tmp_path):
         render_chat(template, [{"role": "assistant", "content": "<|channel|>final"}])
 
 
+def test_config_defaults_are_gpt_oss_configs(files, tmp_path):
+    """Without rope_scaling, GptOssConfig's YaRN (factor 32, original 4096, not truncated) on the
+    config's rope_theta, or on 150000 without one; logits then match transformers' on that config."""
+    import shutil
+
+    from tinydet.formats import open_checkpoint
+
+    d = tmp_path / "defaults"
+    shutil.copytree(files[0], d)
+    c = json.loads((d / "config.json").read_text())
+    del c["rope_scaling"]
+    c["rope_theta"] = 50000.0
+    (d / "config.json").write_text(json.dumps(c))
+    rope = open_checkpoint(d).config.rope
+    assert (rope.base, rope.scaling, rope.factor, rope.original_context, rope.truncate) == (
+        50000.0, "yarn", 32.0, 4096, False)
+    del c["rope_theta"]
+    (d / "config.json").write_text(json.dumps(c))
+    rope = open_checkpoint(d).config.rope
+    assert (rope.base, rope.scaling) == (150000.0, "yarn")
+    ids = tinydet.load(d).tokenize(TEXTS[1])
+    assert np.abs(tinydet.load(d).logits(ids) - hf_logits(G.hf_model(d), ids)).max() <= 1e-4
+
+
 @pytest.mark.parametrize("key,value,field", [
     ("swiglu_limit", 8.0, "swiglu_limit"),
     ("swiglu_alpha", 1.5, "swiglu_alpha"),

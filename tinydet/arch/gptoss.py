@@ -112,7 +112,7 @@ def _hf_config(f, fields: dict) -> dict:
     window = f.int("sliding_window", WINDOW) if "sliding_attention" in types else 0
     rope = fields["rope"]
     if c.get("rope_scaling") is None and c.get("rope_parameters") is None:  # GptOssConfig's default
-        rope = RoPE(scaling="yarn", **YARN, attention_factor=yarn_attention_factor(YARN["factor"]))
+        rope = RoPE(base=rope.base, scaling="yarn", **YARN, attention_factor=yarn_attention_factor(YARN["factor"]))
     if c.get("rope_theta") is None and not (c.get("rope_parameters") or {}).get("rope_theta"):
         rope = RoPE(**{**rope.__dict__, "base": THETA})
     fields = {**fields, "rope": rope, "layer_windows": _windows(types, window)}
