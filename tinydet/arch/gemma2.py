@@ -88,13 +88,7 @@ def _hf_config(f, fields: dict) -> dict:
         f.bad("query_pre_attn_scalar", f"expected a positive number, found {scalar!r}")
     head_dim = fields["head_dim"] if c.get("head_dim") is not None else 256  # Gemma2Config's default
 
-    types = c.get("layer_types")
-    if types is None:  # Gemma2Config's rule
-        types = ["sliding_attention" if s else "full_attention" for s in _sliding(n)]
-    # Each entry is checked to be a string before set(): a list or an object in it is unhashable.
-    if (not isinstance(types, list) or len(types) != n or not all(isinstance(t, str) for t in types)
-            or not set(types) <= {"sliding_attention", "full_attention"}):
-        f.bad("layer_types", f"expected {n} entries of 'sliding_attention' or 'full_attention', found {types!r}")
+    types = f.layer_types(n, lambda: ["sliding_attention" if s else "full_attention" for s in _sliding(n)])
     window = 0
     if "sliding_attention" in types:
         if "sliding_window" in c and c["sliding_window"] is None:

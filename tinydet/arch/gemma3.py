@@ -129,7 +129,7 @@ def _theta_given(c: dict) -> bool:
 
 def _hf_config(f, fields: dict) -> dict:
     """config.json as transformers' Gemma3TextConfig reads it (module docstring)."""
-    from ..formats.hf_dir import LAYER_TYPES, per_layer_type, rope_object  # (formats imports arch)
+    from ..formats.hf_dir import per_layer_type, rope_object  # (formats imports arch)
 
     c, n = f.c, fields["n_layers"]
     f.tie_default = True  # Gemma3TextConfig's tie_word_embeddings
@@ -151,14 +151,11 @@ def _hf_config(f, fields: dict) -> dict:
         f.bad("query_pre_attn_scalar", f"expected a positive number, found {scalar!r}")
     head_dim = fields["head_dim"] if c.get("head_dim") is not None else 256  # Gemma3TextConfig's default
 
-    types = c.get("layer_types")
-    if types is None:  # transformers' rule for configs from before layer_types
+    def pattern_types():  # transformers' rule for configs from before layer_types
         pattern = f.int("sliding_window_pattern", PATTERN)
-        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
-    # Each entry is checked to be a string before set(): a list or an object in it is unhashable.
-    if (not isinstance(types, list) or len(types) != n or not all(isinstance(t, str) for t in types)
-            or not set(types) <= set(LAYER_TYPES)):
-        f.bad("layer_types", f"expected {n} entries of 'sliding_attention' or 'full_attention', found {types!r}")
+        return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+
+    types = f.layer_types(n, pattern_types)
     window = 0
     if "sliding_attention" in types:
         window = f.int("sliding_window", 4096)  # Gemma3TextConfig's default

@@ -103,12 +103,7 @@ def _hf_config(f, fields: dict) -> dict:
             f.bad(key, f"only gpt-oss's {want} is supported, found {c[key]!r}")
     if c.get("attention_bias") is False:
         f.bad("attention_bias", "gpt-oss without attention biases is not supported")
-    types = c.get("layer_types")
-    if types is None:
-        types = _default_types(n)
-    if (not isinstance(types, list) or len(types) != n or not all(isinstance(t, str) for t in types)
-            or not set(types) <= {"sliding_attention", "full_attention"}):
-        f.bad("layer_types", f"expected {n} entries of 'sliding_attention' or 'full_attention', found {types!r}")
+    types = f.layer_types(n, lambda: _default_types(n))
     window = f.int("sliding_window", WINDOW) if "sliding_attention" in types else 0
     rope = fields["rope"]
     if c.get("rope_scaling") is None and c.get("rope_parameters") is None:  # GptOssConfig's default

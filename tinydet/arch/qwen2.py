@@ -18,13 +18,8 @@ def _hf_config(f, fields: dict) -> dict:
     if not f.c.get("use_sliding_window"):
         return fields
     window = f.int("sliding_window")
-    types = f.c.get("layer_types")
-    if types is None:
-        types = ["sliding_attention" if i >= f.int("max_window_layers", 28) else "full_attention" for i in range(n)]
-    # Each entry is checked to be a string before set(): a list or an object in it is unhashable.
-    if (not isinstance(types, list) or len(types) != n or not all(isinstance(t, str) for t in types)
-            or not set(types) <= {"sliding_attention", "full_attention"}):
-        f.bad("layer_types", f"expected {n} entries of 'sliding_attention' or 'full_attention', found {types!r}")
+    types = f.layer_types(n, lambda: ["sliding_attention" if i >= f.int("max_window_layers", 28) else "full_attention"
+                                      for i in range(n)])
     return {**fields, "layer_windows": tuple(window if t == "sliding_attention" else 0 for t in types)}
 
 

@@ -65,14 +65,8 @@ def _hf_config(f, fields: dict) -> dict:
     use = c.get("use_sliding_window", False)
     if not isinstance(use, bool):
         f.bad("use_sliding_window", f"expected true or false, found {use!r}")
-    types = c.get("layer_types")
-    if types is None:
-        slide = use and c.get("sliding_window") is not None
-        types = ["sliding_attention" if slide and nope[i] else "full_attention" for i in range(n)]
-    # Each entry is checked to be a string before set(): a list or an object in it is unhashable.
-    if (not isinstance(types, list) or len(types) != n or not all(isinstance(t, str) for t in types)
-            or not set(types) <= {"sliding_attention", "full_attention"}):
-        f.bad("layer_types", f"expected {n} entries of 'sliding_attention' or 'full_attention', found {types!r}")
+    slide = use and c.get("sliding_window") is not None
+    types = f.layer_types(n, lambda: ["sliding_attention" if slide and nope[i] else "full_attention" for i in range(n)])
     window = 0
     if "sliding_attention" in types:
         if not use:

@@ -85,6 +85,19 @@ class _Fields:
         return float(v)
 
 
+    def layer_types(self, n: int, default: Callable[[], list[str]]) -> list[str]:
+        """layer_types: n entries of LAYER_TYPES, or `default()` where the key is absent (each
+        architecture's transformers rule for configs without it)."""
+        types = self.c.get("layer_types")
+        if types is None:
+            return default()
+        # Each entry is checked to be a string before set(): a list or an object in it is unhashable.
+        if (not isinstance(types, list) or len(types) != n or not all(isinstance(t, str) for t in types)
+                or not set(types) <= set(LAYER_TYPES)):
+            self.bad("layer_types", f"expected {n} entries of 'sliding_attention' or 'full_attention', found {types!r}")
+        return types
+
+
 # RoPE parameters each scaling type reads from rope_scaling / rope_parameters.
 _ROPE_KEYS = {"default": (), "linear": ("factor",),
               "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
