@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 import tinydet
+from reference import hf_generate
 from tinydet.structured import available as structured_available
 from tinydet.tools.trace import diff_traces, run_trace, write_trace
 from tinydet.tools.verify import numba_targets
@@ -41,6 +42,15 @@ def check_verify_matrix(path) -> None:
     out = json.loads(r.stdout)
     assert out["passed"] and len(out["cells"]) == len(dtypes) * VERIFY_CELLS_IN_PROCESS
     assert {c["dtype"] for c in out["cells"]} == set(dtypes)
+
+
+def check_greedy_matches(model, ref, ids, n: int = 32, label=None) -> None:
+    """tinydet's n greedy tokens after `ids` are transformers' (`reference.hf_generate`), up to a stop
+    token of tinydet's."""
+    want = hf_generate(ref, ids, n)
+    g = model.generate(ids, max_tokens=n)
+    assert len(want) == n and g.token_ids == want[:len(g.token_ids)], label
+    assert len(g.token_ids) == n or g.finish_reason == "stop", label
 
 
 # (threads, chunk) pairs; every test adds chunks that cross its model's sliding window at each offset.

@@ -261,6 +261,16 @@ def hf_logits(model, token_ids) -> np.ndarray:
     return out.logits[0].float().numpy().copy()
 
 
+def hf_generate(model, token_ids, n_new) -> list[int]:
+    """n_new ids of transformers' own greedy continuation (`generate`: no sampling, no EOS stop)."""
+    import torch
+
+    ids = list(map(int, token_ids))
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n_new, do_sample=False, eos_token_id=None)
+    return out[0, len(ids):].tolist()
+
+
 def _cache_kwarg(model) -> str:
     """Name of the KV-cache argument of ``model.forward`` (``cache`` in transformers 5.x, where
     ``past_key_values`` is deprecated; ``past_key_values`` in 4.x)."""

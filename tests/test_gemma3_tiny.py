@@ -17,7 +17,7 @@ import pytest
 
 import gemma3gen as G
 import tinydet
-from contract import bits, check_native_gives_fp32_bits, check_threads_chunking_and_batch
+from contract import bits, check_greedy_matches, check_native_gives_fp32_bits, check_threads_chunking_and_batch
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -132,13 +132,7 @@ def test_window_and_norm_offset_matter(files):
 def test_greedy_32_tokens_match_transformers(models, ref):
     for name, text in (("gguf", TEXTS[0]), ("gguf", TEXTS[1]), ("gguf", TEXTS[3]), ("hf", TEXTS[2])):
         model = models[name]
-        ids = model.tokenize(text)
-        with torch.no_grad():
-            want = ref.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
-                                eos_token_id=None)[0, len(ids):].tolist()
-        g = model.generate(ids, max_tokens=32)
-        assert g.token_ids == want[:len(g.token_ids)], (name, text)
-        assert len(g.token_ids) == 32 or g.finish_reason == "stop"
+        check_greedy_matches(model, ref, model.tokenize(text), label=(name, text))
 
 
 def test_threads_chunking_and_batch(files):

@@ -16,7 +16,7 @@ import pytest
 
 import gptossgen as G
 import tinydet
-from contract import bits, check_native_gives_fp32_bits, check_threads_chunking_and_batch
+from contract import bits, check_greedy_matches, check_native_gives_fp32_bits, check_threads_chunking_and_batch
 from reference import hf_logits
 
 torch = pytest.importorskip("torch")
@@ -85,13 +85,7 @@ def test_sinks_and_the_clamp_are_in_play(ref, model):
 
 
 def test_greedy_tokens_match_transformers(model, ref):
-    ids = model.tokenize(TEXTS[2])
-    with torch.no_grad():
-        want = ref.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
-                            eos_token_id=None)[0, len(ids):].tolist()
-    g = model.generate(ids, max_tokens=32)
-    assert len(want) == 32 and g.token_ids == want[:len(g.token_ids)]
-    assert len(g.token_ids) == 32 or g.finish_reason == "stop"
+    check_greedy_matches(model, ref, model.tokenize(TEXTS[2]))
 
 
 def test_threads_chunking_and_batch(model):
@@ -125,8 +119,7 @@ def test_convert_to_hf_and_back(files, model, tmp_path):
     out = convert_gguf_to_hf(files[1], tmp_path / "hf")
     ids = model.tokenize(TEXTS[0])
     assert np.array_equal(bits(tinydet.load(out).logits(ids)), bits(model.logits(ids)))
-    assert np.abs(G.hf_model(out).forward(torch.tensor([ids])).logits[0].detach().numpy()
-                  - model.logits(ids)).max() <= 1e-4
+    assert np.abs(hf_logits(G.hf_model(out), ids) - model.logits(ids)).max() <= 1e-4
 
 
 # A chat template in the harmony format, with what gpt-oss's own template asks of a renderer: today's

@@ -16,8 +16,8 @@ import pytest
 
 import moegen as M
 import tinydet
-from contract import bits, check_native_gives_fp32_bits, check_threads_chunking_and_batch
-from reference import hf_logits
+from contract import bits, check_greedy_matches, check_native_gives_fp32_bits, check_threads_chunking_and_batch
+from reference import hf_generate, hf_logits
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -73,13 +73,7 @@ def test_logits_match_transformers_and_gguf_gives_the_same_bits(files, model, re
 
 
 def test_greedy_tokens_match_transformers(model, ref):
-    ids = model.tokenize(TEXTS[2])
-    with torch.no_grad():
-        want = ref.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
-                            eos_token_id=None)[0, len(ids):].tolist()
-    g = model.generate(ids, max_tokens=32)
-    assert len(want) == 32 and g.token_ids == want[:len(g.token_ids)]
-    assert len(g.token_ids) == 32 or g.finish_reason == "stop"
+    check_greedy_matches(model, ref, model.tokenize(TEXTS[2]))
 
 
 def test_threads_chunking_and_batch(model):
@@ -237,9 +231,7 @@ def test_golden_hashes(qwen_files, tmp_path):
     assert (case["dtype"], case["temperature"], case["max_tokens"]) == ("fp32", 0.0, 32)
     ref = M.hf_model(M.write_hf_dir(tmp_path / "dq", arch, quant="q8_0"))
     ids = model.tokenize(case["prompt"])
-    with torch.no_grad():
-        want = ref.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
-                            eos_token_id=None)[0, len(ids):].tolist()
+    want = hf_generate(ref, ids, 32)
     g = model.generate(case["prompt"], max_tokens=32)
     assert g.token_ids == want and g.output_hash == case["output_hash"]
     assert check_golden(model_loader(path, fp32=model), data, file_sha256(path)) == []

@@ -17,7 +17,9 @@ import pytest
 
 import qwen2gen as Q
 import tinydet
-from contract import bits, check_native_gives_fp32_bits, check_threads_chunking_and_batch, check_trace_diff, check_verify_matrix
+from contract import (bits, check_greedy_matches, check_native_gives_fp32_bits, check_threads_chunking_and_batch,
+                      check_trace_diff, check_verify_matrix)
+from reference import hf_generate
 from tinydet.hashing import file_sha256
 from tinydet.tools.golden import check_golden, model_loader, read_golden
 
@@ -80,13 +82,7 @@ def test_logits_match_transformers_and_gguf_equals_hf_dir(files, hf_model, arch,
 def test_greedy_32_tokens_match_transformers(files, hf_model):
     model = tinydet.load(files[False][1][None])
     for text in TEXTS[:3]:
-        ids = model.tokenize(text)
-        with torch.no_grad():
-            want = hf_model[False].generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
-                                            eos_token_id=None)[0, len(ids):].tolist()
-        g = model.generate(ids, max_tokens=32)
-        assert g.token_ids == want[:len(g.token_ids)], text
-        assert len(g.token_ids) == 32 or g.finish_reason == "stop"
+        check_greedy_matches(model, hf_model[False], model.tokenize(text), label=text)
 
 
 def test_biases_qk_norms_and_rope_scaling_matter(files, arch):
@@ -172,8 +168,7 @@ def test_golden_hashes(files, arch):
         for name, p in ref.named_parameters():
             p.copy_(torch.from_numpy(Q.dequantized_state_dict("q8_0", arch=arch)[name]))
         ids = model.tokenize(case["prompt"])
-        want = ref.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
-                            eos_token_id=None)[0, len(ids):].tolist()
+        want = hf_generate(ref, ids, 32)
     g = model.generate(case["prompt"], max_tokens=32)
     assert g.token_ids == want and g.output_hash == case["output_hash"]
     assert check_golden(model_loader(path, fp32=model), data, file_sha256(path)) == []

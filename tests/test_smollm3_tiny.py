@@ -18,7 +18,7 @@ import pytest
 import qwen2gen
 import smollm3gen as S
 import tinydet
-from contract import bits, check_native_gives_fp32_bits, check_threads_chunking_and_batch
+from contract import bits, check_greedy_matches, check_native_gives_fp32_bits, check_threads_chunking_and_batch
 from reference import hf_logits
 
 torch = pytest.importorskip("torch")
@@ -106,13 +106,7 @@ def test_nope_layers_rotate_nothing_and_matter(files, ref):
 def test_greedy_32_tokens_match_transformers(models, ref):
     for name, text in (("gguf", TEXTS[0]), ("gguf", TEXTS[1]), ("hf", TEXTS[2])):
         model = models[name]
-        ids = model.tokenize(text)
-        with torch.no_grad():
-            want = ref.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
-                                eos_token_id=None)[0, len(ids):].tolist()
-        g = model.generate(ids, max_tokens=32)
-        assert g.token_ids == want[:len(g.token_ids)], (name, text)
-        assert len(g.token_ids) == 32 or g.finish_reason == "stop"
+        check_greedy_matches(model, ref, model.tokenize(text), label=(name, text))
 
 
 def test_threads_chunking_and_batch(files):

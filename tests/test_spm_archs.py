@@ -23,7 +23,9 @@ import pytest
 
 import spmgen as S
 import tinydet
-from contract import bits, check_native_gives_fp32_bits, check_threads_chunking_and_batch, check_trace_diff, check_verify_matrix
+from contract import (bits, check_greedy_matches, check_native_gives_fp32_bits, check_threads_chunking_and_batch,
+                      check_trace_diff, check_verify_matrix)
+from reference import hf_generate
 from tinydet.hashing import file_sha256
 from tinydet.tools.golden import check_golden, model_loader, read_golden
 
@@ -160,13 +162,7 @@ def test_chat_template_renders_as_apply_chat_template(files, models, arch):
 def test_greedy_32_tokens_match_transformers(files, models, hf_model):
     for name, text in (("gguf", TEXTS[1]), ("gguf", TEXTS[3]), ("hf", TEXTS[4])):
         model = models[name]
-        ids = model.tokenize(text)
-        with torch.no_grad():
-            want = hf_model[False].generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
-                                            eos_token_id=None)[0, len(ids):].tolist()
-        g = model.generate(ids, max_tokens=32)
-        assert g.token_ids == want[:len(g.token_ids)], (name, text)
-        assert len(g.token_ids) == 32 or g.finish_reason == "stop"
+        check_greedy_matches(model, hf_model[False], model.tokenize(text), label=(name, text))
 
 
 def test_layout_fixups_matter(files, arch):
@@ -303,9 +299,7 @@ def test_golden_hashes(files, arch):
     assert (case["dtype"], case["temperature"], case["max_tokens"]) == ("fp32", 0.0, 32)
     ref = S.hf_model(arch, weights=S.dequantized_state_dict(arch, "q8_0"))
     ids = model.tokenize(case["prompt"])
-    with torch.no_grad():
-        want = ref.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
-                            eos_token_id=None)[0, len(ids):].tolist()
+    want = hf_generate(ref, ids, 32)
     g = model.generate(case["prompt"], max_tokens=32)
     assert g.token_ids == want and g.output_hash == case["output_hash"]
     assert check_golden(model_loader(path, fp32=model), data, file_sha256(path)) == []
