@@ -3,12 +3,17 @@
 # bits, and how fast is it? One run of a few minutes:
 #   tools/gpu_check.sh MODEL.gguf [MODEL.gguf ...]
 # with stories260K.gguf and, where it can be brought, SmolLM2-135M-Instruct.Q4_1.gguf (each model's
-# golden file, tests/golden/*.json, is found by its SHA-256). In five phases ($PHASES, default all):
+# golden file, tests/golden/*.json, is found by its SHA-256). In six phases ($PHASES, default all):
 #   gpu:   per model, the golden hashes with --device cuda (every case, the fp32 ones again with native
 #          storage), with CUDA graphs (the default) and without (TINYDET_CUDA_GRAPHS=0); then
-#          tinydet bench --device cuda for each dtype (prefill and decode tok/s);
+#          tinydet bench --device cuda for each dtype (prefill of 512 tokens and decode, tok/s);
 #   profile: with gpu, per model, tools/gpu_profile.py: the GPU time of 16 native tokens per kernel
 #          (needs torch, whose profiler sees CuPy's kernels);
+#   size:  a random-weight Llama-3.2-1B-shaped Q4_0 file made here by bench/make_random_gguf.py (needs
+#          the gguf package, and SmolLM2's GGUF among the models for its tokenizer): tinydet bench
+#          --device cuda native (512-token prefill, decode), tools/gpu_bench.py (generate_batch of 32,
+#          aggregate tok/s, each request's bits those of the request alone) and, with profile, its
+#          per-kernel table; then the issue's targets, met or missed, from the bench lines;
 #   cpu:   per model, the golden hashes on this machine's CPU (started in the background at once: they
 #          compile numba's kernels, minutes on a cold cache, while the GPU phase runs), tinydet verify
 #          --device cuda (threads, chunked prefill, recompute, batches, and the CPU backend's run as one
@@ -50,7 +55,7 @@ run() {
     return "$rc"
 }
 
-phases=${PHASES:-gpu profile cpu tests serve}
+phases=${PHASES:-gpu profile size cpu tests serve}
 has() { [[ " $phases " == *" $1 "* ]]; }
 
 if [ "$device" != cuda-host ]; then
@@ -126,13 +131,45 @@ for m in "${models[@]}"; do
     fi
     run env TINYDET_CUDA_GRAPHS=0 python3 -m tinydet golden "$m" --check "${golden[$m]}" --device "$device"
     for dtype in fp32 fp16 native; do  # one JSON line each in the log
-        run python3 -m tinydet bench "$m" --device "$device" --dtype "$dtype" --prompt-tokens 128 --new-tokens 64 \
+        run python3 -m tinydet bench "$m" --device "$device" --dtype "$dtype" --prompt-tokens 512 --new-tokens 64 \
             --repeats 3 --json
     done
     if has profile && [ "$device" != cuda-host ]; then  # the GPU time per kernel (needs torch)
         run python3 tools/gpu_profile.py "$m" --dtype native --device "$device"
     fi
 done
+
+# The sizes people run: a 1B-shaped Q4_0 file, made here (it is 0.6 GiB: too large to carry)
+smollm2=""
+for m in "${models[@]}"; do case "$(basename "$m")" in SmolLM2*.gguf) smollm2=$m ;; esac; done
+if has size && [ "$device" != cuda-host ]; then
+    if [ -z "$smollm2" ] || ! python3 -c "import gguf" 2>/dev/null; then
+        echo "(SmolLM2's GGUF or the gguf package missing: size not checked)" | tee -a "$log"
+    elif run python3 bench/make_random_gguf.py --shape llama-1b --type Q4_0 --out-dir /tmp --tokenizer "$smollm2"; then
+        big=/tmp/llama-1b-random.Q4_0.gguf
+        run python3 -m tinydet bench "$big" --device "$device" --dtype native --prompt-tokens 512 --new-tokens 64 \
+            --repeats 3 --json
+        run python3 tools/gpu_bench.py "$big" --device "$device" --requests 32 --new-tokens 64
+        if has profile; then run python3 tools/gpu_profile.py "$big" --dtype native --device "$device"; fi
+    fi
+fi
+if has gpu || has size; then  # the issue's targets, from the JSON lines above
+    python3 - "$log" <<'PY' 2>&1 | tee -a "$log"
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{"model"')]
+def show(what, got, want):
+    print(f"target {what}: {'n/a' if got is None else round(got, 1)} (>= {want}): "
+          f"{'not run' if got is None else 'met' if got >= want else 'MISSED'}")
+def pick(name, key, dtype="native", gpu=True):
+    vals = [l[key] for l in lines if name in l["model"] and l.get("dtype") == dtype and key in l
+            and l.get("backend", l.get("device", "")).startswith("cuda:")]
+    return max(vals) if vals else None
+show("SmolLM2-135M decode tok/s", pick("SmolLM2", "decode_tok_s"), 1000)
+show("SmolLM2-135M prefill (512) tok/s", pick("SmolLM2", "prefill_tok_s"), 20000)
+show("1B Q4_0 decode tok/s", pick("llama-1b", "decode_tok_s"), 400)
+show("1B Q4_0 generate_batch of 32, aggregate tok/s", pick("llama-1b", "aggregate_tok_s"), 3000)
+PY
+fi
 
 if has cpu; then
     for job in "${cpu_jobs[@]}"; do

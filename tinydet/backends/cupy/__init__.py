@@ -36,13 +36,13 @@ __all__ = ["CudaBackend", "CudaDevice", "HostDevice", "embed", "product"]
 (EMBEDDING, ATTN_NORM, Q, K, V, ROPE_Q, ROPE_K, ATTENTION, ATTN_OUTPUT, POST_ATTN_NORM, ATTN_RESIDUAL, FFN_NORM, GATE,
  UP, ACTIVATION, DOWN, POST_FFN_NORM, FFN_RESIDUAL, FINAL_NORM, LOGITS, _ROUTER) = OPS
 
-MM_BLOCK, MM_ROWS = 128, 4  # threads per block over outputs; rows per thread (kernels.cu MM_ROWS)
 BLOCK = 128
-# A product whose partial sums (one per row, output and 64-long k-block) fit in this many floats runs
-# its k-blocks in parallel (kernels.cu matmul_part + mm_sum): decode and small batches have too few
-# outputs to fill a GPU with threads that each run a chain as long as K. Larger ones (long prompts on
-# big matrices) run one thread per output (matmul). The same operations either way.
-PART_FLOATS = 1 << 24
+# The products (kernels.cu gemm, gemv): up to GEMV_ROWS rows (decode, small batches) run gemv, which
+# reads each weight once for VROWS rows; more run gemm's 64 x 64 tiles.
+GT, GTHREADS = 64, 256  # kernels.cu GT, GTHREADS
+VROWS, VPART = 8, 8192  # kernels.cu VROWS, VPART
+GEMV_ROWS = VROWS
+AMAX_HD = 256  # kernels.cu AMAX_HD: the largest head_dim of `attend`
 
 
 def _blocks(n: int, block: int = BLOCK) -> int:
@@ -147,33 +147,41 @@ def _upload(dev, w, dummy) -> tuple:
     return name, (dev.to_device(w), dummy, dummy, dummy, dummy), 0
 
 
-def _part_floats(T: int, K: int, n: int) -> int:
-    """The floats of the partial sums of a T-row product of n outputs over K, or 0 where the product
-    runs one thread per output (PART_FLOATS)."""
-    size = T * -(-K // 64) * n
-    return size if size <= PART_FLOATS else 0
+def _gemv_shape(T: int, K: int, N: int) -> tuple[int, int] | None:
+    """gemv's outputs per block and threads per block for a T-row product of N outputs over K, or None
+    where its chains' sums would not fit in shared memory (VPART; gemm then runs it). Blocks of 8-32
+    outputs: wide enough for whole memory sectors of the panels' rows, narrow enough for a few hundred
+    blocks where N allows."""
+    nkb, rows = -(-K // 64), min(T, VROWS)
+    tn = 32
+    while tn > 1 and (tn * nkb * rows > VPART or (tn > 8 and -(-N // tn) < 264)):
+        tn //= 2
+    if tn * nkb * rows > VPART:
+        return None
+    return tn, min(GTHREADS, -(-tn * nkb // 32) * 32)
 
 
-def _part_need(T: int, shapes) -> int:
-    """The floats of partial sums that the largest of T-row products over `shapes`, (K, outputs) pairs,
-    needs (0 where none runs its k-blocks in parallel): the size of `_mm`'s buffer."""
-    return max([0] + [_part_floats(T, K, n) for K, n in shapes])
-
-
-def _mm(dev, x, segments: list, out, part) -> None:
-    """out[:, c0:n1] = x W^T for each segment of a matrix's layer (`_Matrix.layer`), through the float32
-    buffer `part` where the segment's partial sums fit in it (`_part_floats`)."""
+def _mm(dev, x, segments: list, out, dummy, norm=None, inv=None, bias=None, epi: int = 0) -> None:
+    """out[:, c0:n1] = x W^T for each segment of a matrix's layer (`_Matrix.layer`), ended by kernels.cu's
+    `epilogue` epi (1: + bias, 2: out += the product). With norm = (weights, eps), x is RMSNorm's input
+    and the product takes its output: gemv computes 1 / rms per row in each block, gemm reads it from
+    `inv` (a float32 buffer of T), filled here first."""
     T, K = x.shape
-    nkb = -(-K // 64)
-    for name, arrays, flags, p0, c0, n1 in segments:
-        size = _part_floats(T, K, n1 - c0)
-        if 0 < size <= part.size:
-            dev.launch(f"mm_part_{name}", (_blocks(nkb * (n1 - c0), MM_BLOCK), _blocks(T, MM_ROWS)), (MM_BLOCK, 1),
-                       (x, T, K, *arrays, flags, p0, c0, n1, part))
-            dev.launch("mm_sum", (_blocks(T * (n1 - c0)),), (BLOCK,), (part, T, nkb, c0, n1, out, out.shape[1]))
+    nw, eps = norm if norm is not None else (dummy, 0.0)
+    bias = dummy if bias is None else bias
+    shapes = [_gemv_shape(T, K, n1 - c0) if T <= GEMV_ROWS else None for *_, c0, n1 in segments]
+    if norm is not None and any(sh is None for sh in shapes):
+        dev.launch("rms_inv_rows", (_blocks(T, 64),), (64,), (x, T, K, np.float32(eps), inv))
+    for (name, arrays, flags, p0, c0, n1), shape in zip(segments, shapes):
+        if shape is not None:
+            tn, threads = shape
+            dev.launch(f"gemv_{name}", (_blocks(n1 - c0, tn), _blocks(T, VROWS)), (threads,),
+                       (x, T, K, *arrays, flags, p0, c0, n1, out, out.shape[1], nw, int(norm is not None),
+                        np.float32(eps), bias, epi, tn))
         else:
-            dev.launch(f"mm_{name}", (_blocks(n1 - c0, MM_BLOCK), _blocks(T, MM_ROWS)), (MM_BLOCK, 1),
-                       (x, T, K, *arrays, flags, p0, c0, n1, out, out.shape[1]))
+            dev.launch(f"gemm_{name}", (_blocks(n1 - c0, GT), _blocks(T, GT)), (GTHREADS,),
+                       (x, T, K, *arrays, flags, p0, c0, n1, out, out.shape[1], nw,
+                        inv if norm is not None else dummy, int(norm is not None), bias, epi))
 
 
 def _embed(dev, ids, T: int, K: int, segments: list, out) -> None:
@@ -182,16 +190,20 @@ def _embed(dev, ids, T: int, K: int, segments: list, out) -> None:
         dev.launch(f"embed_{name}", (_blocks(T * K),), (BLOCK,), (ids, T, K, *arrays, flags, p0, c0, n1, out))
 
 
-def product(dev, x: np.ndarray, w, n_out: int, layer: int | None = None) -> np.ndarray:
+def product(dev, x: np.ndarray, w, n_out: int, layer: int | None = None, norm=None, bias=None,
+            out=None) -> np.ndarray:
     """x W^T (n_out outputs) by the GPU kernels on `dev`, for W in a CPU backend storage: float panels
-    or QPanels, or with `layer` a kind stacked over layers (MixedPanels too)."""
+    or QPanels, or with `layer` a kind stacked over layers (MixedPanels too). With norm = (weights, eps)
+    the product of RMSNorm(x); with `bias` (n_out) the bias added; with `out` (rows, n_out) the product
+    added to it (a residual add)."""
     dummy = dev.to_device(np.zeros(1, np.float32))
     mat = _Matrix(dev, w, n_out, layer is not None, dummy)
-    out = dev.to_device(np.full((x.shape[0], n_out), np.nan, np.float32))
-    need = _part_need(x.shape[0], {(x.shape[1], s[5] - s[4]) for s in mat.layer(layer)})
-    part = dev.to_device(np.full(max(1, need), np.nan, np.float32))
-    _mm(dev, dev.to_device(np.ascontiguousarray(x, np.float32)), mat.layer(layer), out, part)
-    return np.array(dev.to_host(out))
+    res = dev.to_device(np.full((x.shape[0], n_out), np.nan, np.float32) if out is None else out.copy())
+    put = (lambda a: None if a is None else dev.to_device(np.ascontiguousarray(a, np.float32)))
+    inv = dev.to_device(np.full(x.shape[0], np.nan, np.float32))
+    nrm = None if norm is None else (put(norm[0]), norm[1])
+    _mm(dev, put(x), mat.layer(layer), res, dummy, nrm, inv, put(bias), 1 if bias is not None else 2 * (out is not None))
+    return np.array(dev.to_host(res))
 
 
 def embed(dev, w, ids, k: int) -> np.ndarray:
@@ -207,7 +219,7 @@ def embed(dev, w, ids, k: int) -> np.ndarray:
 class _Workspace:
     """The device buffers of one pass shape: T tokens, R logits rows, ncols score columns."""
 
-    def __init__(self, xp, cfg: ModelConfig, T: int, R: int, ncols: int, part: int):
+    def __init__(self, xp, cfg: ModelConfig, T: int, R: int, ncols: int):
         f32, i64 = np.float32, np.int64
         dim, H = cfg.dim, cfg.n_heads
         self.T, self.R, self.ncols = T, R, ncols
@@ -219,11 +231,8 @@ class _Workspace:
         self.gu = xp.empty((T, 2 * cfg.ffn_dim), f32)
         self.a = xp.empty((T, cfg.ffn_dim), f32)
         self.scores = xp.empty((T * H, ncols), f32)
-        self.m = xp.empty(T * H, np.float64)
-        self.den = xp.empty(T * H, f32)
-        self.xr, self.hn = (xp.empty((max(R, 1), dim), f32) for _ in range(2))
+        self.xr = xp.empty((max(R, 1), dim), f32)
         self.logits = xp.empty((max(R, 1), cfg.vocab_size), f32)
-        self.part = xp.empty(max(part, 1), f32)  # the products' partial sums (`_mm`)
         self.inv = xp.empty(max(T, R, 1), f32)  # RMSNorm's 1 / rms per row
 
 
@@ -244,6 +253,12 @@ class CudaBackend(Backend):
         # Flags kernels.cu does not implement: refused, never run as some other model.
         if any(config.layer_nope):
             raise TinydetError(f"{config.arch}: NoPE layers (layer_nope) run on the CPU backend only, for now")
+        if config.attn_sinks or config.attn_out_bias:
+            raise TinydetError(f"{config.arch}: attention sinks and an output projection bias run on the CPU backend "
+                               "only, for now")
+        if config.head_dim > AMAX_HD:
+            raise TinydetError(f"{config.arch}: head_dim {config.head_dim} is larger than the GPU kernels' {AMAX_HD}; "
+                               "such models run on the CPU backend only, for now")
         if config.attn_softcap:
             raise TinydetError(f"{config.arch}: attention logit soft-capping (attn_softcap) runs on the CPU backend "
                                "only, for now")
@@ -263,11 +278,6 @@ class CudaBackend(Backend):
             self._output = _Matrix(dev, w.output, cfg.vocab_size, False, self._dummy)
             self._table = self._output if w.table is w.output else _Matrix(dev, w.table, cfg.vocab_size, False,
                                                                             self._dummy)
-            # the (K, outputs) of every product run (`_part_need`): the layers', and the logits'
-            k = {"wqkv": cfg.dim, "wo": cfg.q_dim, "w13": cfg.dim, "w2": cfg.ffn_dim}
-            self._shapes = {(k[name], s[5] - s[4]) for name, mat in self._mats.items() for segs in mat.segments
-                            for s in segs}
-            self._out_shapes = {(cfg.dim, s[5] - s[4]) for s in self._output.layer(None)}
             self._vec = {name: dev.to_device(getattr(w, name)) for name in (
                 "attn_norm", "ffn_norm", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm", "bqkv", "norm")}
         del w
@@ -324,8 +334,7 @@ class CudaBackend(Backend):
                 ws = cache.graphs.get((T, R))
                 if ws is None or ws.rope_n != self._rope_n:  # new shape, or the RoPE tables moved
                     with _fits(self.dev, f"the buffers of a pass of {T} tokens"):
-                        ws = cache.graphs[(T, R)] = _Workspace(self.dev.xp, cfg, T, R, cache.capacity,
-                                                               self._part_size(T, R))
+                        ws = cache.graphs[(T, R)] = _Workspace(self.dev.xp, cfg, T, R, cache.capacity)
                     ws.graph, ws.rope_n = None, self._rope_n
                 self._inputs(ws, b)
                 if self.graphs and ws.graph is None:
@@ -336,7 +345,7 @@ class CudaBackend(Backend):
                     self._pass(ws, cache, None, b)
             else:
                 with _fits(self.dev, f"the buffers of a pass of {T} tokens"):
-                    ws = _Workspace(self.dev.xp, cfg, T, R, int(b.pos.max()) + 1, self._part_size(T, R))
+                    ws = _Workspace(self.dev.xp, cfg, T, R, int(b.pos.max()) + 1)
                 self._inputs(ws, b)
                 self._pass(ws, cache, hook, b)
             logits = self.dev.to_host(ws.logits[:R]) if R else np.zeros((0, cfg.vocab_size), np.float32)
@@ -366,14 +375,15 @@ class CudaBackend(Backend):
         return graph
 
     # -----------------------------------------------------------------------------------------------
-    # The pass: forward.py's operations, each a kernel (no fusion), with the same hook points.
+    # The pass: forward.py's operations with the same hook points. Without a hook, steps that keep
+    # their arithmetic are fused: RMSNorm into the next product's loads, the qkv bias and the residual
+    # adds into the products' epilogues, a post-norm with its residual add; with one, every op is its
+    # own kernel so that the hook sees (and may change) each op's output.
 
-    def _part_size(self, T: int, R: int) -> int:
-        """`_mm`'s buffer for a pass of T tokens and R logits rows."""
-        return max(_part_need(T, self._shapes), _part_need(R, self._out_shapes))
-
-    def _mm(self, ws: _Workspace, x, mat: _Matrix, li, out) -> None:
-        _mm(self.dev, x, mat.layer(li), out, ws.part)
+    def _mm(self, ws: _Workspace, x, mat: _Matrix, li, out, norm=None, bias=None, epi: int = 0) -> None:
+        """`_mm` of layer li's matrix; norm: RMSNorm's weights (the product of RMSNorm(x))."""
+        _mm(self.dev, x, mat.layer(li), out, self._dummy, None if norm is None else (norm, self._eps), ws.inv,
+            bias, epi)
 
     def _rmsnorm(self, ws: _Workspace, x, w, out) -> None:
         T, D = x.shape
@@ -389,6 +399,20 @@ class CudaBackend(Backend):
         hook(li, op, pos, slots, rows)
         a[:, c0:c1] = self.dev.to_device(rows)
 
+    def _normed_mm(self, ws, hook, li, op, pos, slots, x, norm, mat, out, bias=None) -> None:
+        """out = RMSNorm(x) W[li]^T (+ bias): one product without a hook, else RMSNorm to ws.h (the hook's
+        op), the product and the bias each on their own."""
+        if hook is None:
+            self._mm(ws, x, mat, li, out, norm, bias, int(bias is not None))
+            return
+        h = ws.h[:x.shape[0]]
+        self._rmsnorm(ws, x, norm, h)
+        self._see(hook, li, op, pos, slots, h)
+        self._mm(ws, h, mat, li, out)
+        if bias is not None:
+            n = out.shape[1]
+            self.dev.launch("add_bias", (_blocks(out.shape[0] * n),), (BLOCK,), (out, bias, out.shape[0], n))
+
     def _pass(self, ws: _Workspace, cache: CudaKVCache, hook, b) -> None:
         cfg, dev, v = self.config, self.dev, self._vec
         T, R, H, hd = ws.T, ws.R, cfg.n_heads, cfg.head_dim
@@ -396,18 +420,15 @@ class CudaBackend(Backend):
         pos, slots = (b.pos, b.slots) if b is not None else (None, None)
         half = int(self.dtype == "fp16")
         tiles = cache.k.shape[3]
-        x, h, qkv = ws.x, ws.h, ws.qkv
+        x, qkv = ws.x, ws.qkv
         _embed(dev, ws.ids, T, dim, self._table.layer(None), x)
         if cfg.embed_scale:
             dev.launch("scale_rows", (_blocks(T * dim),), (BLOCK,), (x, np.float32(cfg.embed_scale), T * dim))
         self._see(hook, None, EMBEDDING, pos, slots, x)
         for li in range(cfg.n_layers):
             kc, vc = cache.k[li], cache.v[li]
-            self._rmsnorm(ws, x, v["attn_norm"][li], h)
-            self._see(hook, li, ATTN_NORM, pos, slots, h)
-            self._mm(ws, h, self._mats["wqkv"], li, qkv)
-            if v["bqkv"].shape[1]:
-                dev.launch("add_bias", (_blocks(T * qkv.shape[1]),), (BLOCK,), (qkv, v["bqkv"][li], T, qkv.shape[1]))
+            self._normed_mm(ws, hook, li, ATTN_NORM, pos, slots, x, v["attn_norm"][li], self._mats["wqkv"], qkv,
+                            v["bqkv"][li] if v["bqkv"].shape[1] else None)
             self._see(hook, li, Q, pos, slots, qkv, 0, q_dim)
             self._see(hook, li, K, pos, slots, qkv, q_dim, q_dim + kv_dim)
             self._see(hook, li, V, pos, slots, qkv, q_dim + kv_dim, q_dim + 2 * kv_dim)
@@ -426,9 +447,7 @@ class CudaBackend(Backend):
             self._see(hook, li, ATTENTION, pos, slots, ws.att)
             self._project(ws.att, "wo", li, v["post_attn_norm"], hook, (ATTN_OUTPUT, POST_ATTN_NORM, ATTN_RESIDUAL),
                           ws, pos, slots)
-            self._rmsnorm(ws, x, v["ffn_norm"][li], h)
-            self._see(hook, li, FFN_NORM, pos, slots, h)
-            self._mm(ws, h, self._mats["w13"], li, ws.gu)
+            self._normed_mm(ws, hook, li, FFN_NORM, pos, slots, x, v["ffn_norm"][li], self._mats["w13"], ws.gu)
             self._see(hook, li, GATE, pos, slots, ws.gu, 0, F)
             self._see(hook, li, UP, pos, slots, ws.gu, F, 2 * F)
             dev.launch("glu", (_blocks(T * F),), (BLOCK,), (ws.gu, T, F, self._act, GELU_B, GELU_K, ws.a))
@@ -437,37 +456,39 @@ class CudaBackend(Backend):
         if R == 0:
             return
         dev.launch("gather_rows", (_blocks(R * dim),), (BLOCK,), (x, dim, ws.rows, R, ws.xr))
-        xr, hn = ws.xr[:R], ws.hn[:R]
-        self._rmsnorm(ws, xr, v["norm"], hn)
         pr, sr = (b.pos[b.rows], b.slots[b.rows]) if b is not None else (None, None)
-        self._see(hook, None, FINAL_NORM, pr, sr, hn)
         logits = ws.logits[:R]
-        self._mm(ws, hn, self._output, None, logits)
+        self._normed_mm(ws, hook, None, FINAL_NORM, pr, sr, ws.xr[:R], v["norm"], self._output, logits)
         if cfg.logit_softcap:
             dev.launch("softcap", (_blocks(R * cfg.vocab_size),), (BLOCK,),
                        (logits, R * cfg.vocab_size, np.float32(cfg.logit_softcap)))
         self._see(hook, None, LOGITS, pr, sr, logits)
 
     def _project(self, a, kind, li, post, hook, ops, ws, pos, slots) -> None:
-        """proj = a W[li]^T, a post-norm of it where the model has one, then x += proj."""
+        """x += a W[li]^T, through a post-norm of the product where the model has one: without a hook,
+        the residual add is the product's epilogue (or the post-norm's step)."""
         op, post_op, res_op = ops
+        n = ws.x.size
+        if hook is None and not post.shape[1]:
+            self._mm(ws, a, self._mats[kind], li, ws.x, epi=2)
+            return
         self._mm(ws, a, self._mats[kind], li, ws.proj)
         self._see(hook, li, op, pos, slots, ws.proj)
         if post.shape[1]:
+            if hook is None:
+                T, D = ws.proj.shape
+                self.dev.launch("rms_inv_rows", (_blocks(T, 64),), (64,), (ws.proj, T, D, self._eps, ws.inv))
+                self.dev.launch("rms_scale_add", (_blocks(n),), (BLOCK,), (ws.x, ws.proj, T, D, ws.inv, post[li]))
+                return
             self._rmsnorm(ws, ws.proj, post[li], ws.proj)
             self._see(hook, li, post_op, pos, slots, ws.proj)
-        n = ws.x.size
         self.dev.launch("add_rows", (_blocks(n),), (BLOCK,), (ws.x, ws.proj, n))
         self._see(hook, li, res_op, pos, slots, ws.x)
 
     def _attention(self, ws: _Workspace, kc, vc, half, tiles, cap, window) -> None:
-        cfg, dev = self.config, self.dev
-        T, H, n_kv, hd, nc = ws.T, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, ws.ncols
-        TH = T * H
-        dev.launch("attn_scores", (_blocks(TH * nc),), (BLOCK,),
-                   (ws.q, T, H, n_kv, hd, kc, half, tiles, ws.pos, ws.slots, self._scale, window, ws.scores, nc))
-        dev.launch("attn_max", (_blocks(TH, 64),), (64,), (ws.scores, TH, H, ws.pos, window, nc, ws.m))
-        dev.launch("attn_exp", (_blocks(TH * nc),), (BLOCK,), (ws.scores, TH, H, ws.pos, window, ws.m, nc))
-        dev.launch("attn_den", (_blocks(TH, 64),), (64,), (ws.scores, TH, H, ws.pos, window, nc, ws.den))
-        dev.launch("attn_pv", (_blocks(TH * hd),), (BLOCK,),
-                   (ws.scores, ws.den, T, H, n_kv, hd, vc, half, cap, ws.pos, ws.slots, window, nc, ws.att))
+        cfg = self.config
+        T, H, hd = ws.T, cfg.n_heads, cfg.head_dim
+        threads = max(BLOCK, -(-(hd + 1) // 32) * 32)  # a thread per d and one for the denominator
+        self.dev.launch("attend", (T * H,), (threads,),
+                        (ws.q, T, H, cfg.n_kv_heads, hd, kc, vc, half, tiles, cap, ws.pos, ws.slots, self._scale,
+                         window, ws.scores, ws.ncols, ws.att))

@@ -9,9 +9,11 @@ would flush subnormals to zero, so it is not used; and a driver older than NVRTC
 (CUDA's minor-version compatibility covers machine code, not PTX), so PTX is loaded only for a GPU
 newer than NVRTC knows. The PTX of that build is what tests/test_cuda.py lints.
 
-The emulator exists so that a machine without a GPU can check the kernels' arithmetic: the kernels use
-no shared memory, no synchronisation and no warp operations, and no thread reads what another thread
-of the same launch writes, so running the threads in any order computes what the GPU computes. Both
+The emulator exists so that a machine without a GPU can check the kernels' arithmetic. A KERNEL's
+threads never read what another thread of the same launch writes, so running them in any order
+computes what the GPU computes. A BLOCK_KERNEL's threads share shared memory between barriers: the
+emulator runs each thread block as one call, in which each stretch between barriers loops over the
+block's threads (kernels.cu's FOR_THREADS and SYNC). No kernel uses warp operations or atomics. Both
 builds keep every float operation as written (NVRTC: --fmad=false and IEEE division and square root;
 the host: -ffp-contract=off, SSE arithmetic), so the emulator's bits are the GPU's bits for the same
 operations; what it cannot check is NVRTC's code generation and the GPU itself (tests/test_cuda.py
@@ -121,13 +123,25 @@ def _cached(name: str, key: str, make) -> Path:
 
 
 @lru_cache(maxsize=None)
+def block_kernels() -> frozenset[str]:
+    """The BLOCK_KERNELs (expanded as in `signatures`): the emulator runs each of their blocks as one call."""
+    src = source()
+    names = re.findall(r"^STORAGE_KERNELS\((\w+), \w+\)$", src, re.M)
+    out = set()
+    for name in re.findall(r"\bBLOCK_KERNEL (\w+(?:##NAME)?)\(", src):
+        out.update([name.replace("##NAME", n) for n in names] if "##NAME" in name else [name])
+    return frozenset(out)
+
+
+@lru_cache(maxsize=None)
 def signatures() -> dict[str, list[tuple[str, object, bool]]]:
     """Each kernel's parameters as (name, dtype or None for void*, is_pointer), from the source (the
-    storage kernels' `mm_##NAME`, `mm_part_##NAME` and `embed_##NAME` expanded for every STORAGE_KERNELS line)."""
+    storage kernels' `gemm_##NAME`, `gemv_##NAME` and `embed_##NAME` expanded for every STORAGE_KERNELS
+    line)."""
     src = source()
     names = re.findall(r"^STORAGE_KERNELS\((\w+), \w+\)$", src, re.M)
     out = {}
-    for name, params in re.findall(r"KERNEL (\w+(?:##NAME)?)\(([^)]*)\)", src):
+    for _, name, params in re.findall(r"\b(BLOCK_)?KERNEL (\w+(?:##NAME)?)\(([^)]*)\)", src):
         plist = []
         for p in " ".join(params.replace("\\", " ").split()).split(","):
             m = re.fullmatch(r"\s*(?:const )?([a-z ]+?)\s*(\*?)\s*(\w+)\s*", p)
@@ -163,15 +177,28 @@ def check_args(name: str, args: tuple, is_array) -> list:
     return out
 
 
+MAX_THREADS = 1024  # a thread block's limit on NVIDIA GPUs (and kernels.cu's MAX_THREADS)
+
+
+def check_block(name: str, bx: int, by: int) -> None:
+    """A block shape the kernel can run: at most MAX_THREADS threads, a BLOCK_KERNEL's in one dimension."""
+    if bx * by > MAX_THREADS or (name in block_kernels() and by != 1):
+        raise TinydetError(f"kernel {name}: a block of {bx} x {by} threads (at most {MAX_THREADS}; block kernels "
+                           "one-dimensional)")
+
+
 class HostDevice:
-    """kernels.cu built for the host CPU: each launch runs its threads in a loop (module docstring)."""
+    """kernels.cu built for the host CPU: each launch runs its threads in a loop (module docstring);
+    `reverse` runs them, and the blocks, in the opposite order (a check that no thread reads what
+    another writes in the same step: the results must not change)."""
 
     name = "host"
     xp = np
 
-    def __init__(self):
+    def __init__(self, reverse: bool = False):
         self._lib = _host_library()
         self._fns = {}
+        self.reverse = reverse
 
     @staticmethod
     def context():
@@ -199,6 +226,8 @@ class HostDevice:
             fn.argtypes = [ctypes.c_int] * 4 + [_ctype(d, p) for _, d, p in signatures()[name]]
         gx, gy = (tuple(grid) + (1,))[:2]
         bx, by = (tuple(block) + (1,))[:2]
+        check_block(name, bx, by)
+        self._lib.emu_set_reverse(int(self.reverse))
         fn(gx, gy, bx, by, *(a.ctypes.data if isinstance(a, np.ndarray) else a.item() for a in args))
 
 
@@ -213,11 +242,23 @@ _CTYPES_C = {np.float32: "float", np.float64: "double", np.int64: "long long", N
 
 
 def _launchers() -> str:
-    """C++ launch loops, one per kernel: launch_NAME(gx, gy, bx, by, args...) runs every thread."""
+    """C++ launch loops, one per kernel: launch_NAME(gx, gy, bx, by, args...) runs every thread (a
+    BLOCK_KERNEL: every block, whose call runs its threads)."""
     out = []
+    blocks = block_kernels()
     for name, sig in signatures().items():
         params = ", ".join(f"{_CTYPES_C[d]}{'*' if p else ''} {n}" for n, d, p in sig)
         names = ", ".join(n for n, _, _ in sig)
+        if name in blocks:
+            out.append(
+                f'extern "C" void launch_{name}(int l_gx, int l_gy, int l_bx, int l_by, {params}) {{\n'
+                "    gridDim.x = l_gx; gridDim.y = l_gy; gridDim.z = 1; blockDim.x = l_bx; blockDim.y = 1;\n"
+                "    blockDim.z = 1; blockIdx.z = 0; threadIdx.y = 0; threadIdx.z = 0;\n"
+                "    for (int l_y = 0; l_y < l_gy; l_y++) for (int l_x = 0; l_x < l_gx; l_x++) {\n"
+                "        blockIdx.x = emu_reverse ? l_gx - 1 - l_x : l_x; blockIdx.y = emu_reverse ? l_gy - 1 - l_y : l_y;\n"
+                f"        {name}({names});\n"
+                "    }\n}\n")
+            continue
         out.append(  # loop variables prefixed so that no kernel parameter shadows them
             f'extern "C" void launch_{name}(int l_gx, int l_gy, int l_bx, int l_by, {params}) {{\n'
             "    gridDim.x = l_gx; gridDim.y = l_gy; gridDim.z = 1; blockDim.x = l_bx; blockDim.y = l_by;\n"
@@ -225,6 +266,8 @@ def _launchers() -> str:
             "    for (int l_y = 0; l_y < l_gy; l_y++) for (int l_x = 0; l_x < l_gx; l_x++)\n"
             "        for (int l_ty = 0; l_ty < l_by; l_ty++) for (int l_tx = 0; l_tx < l_bx; l_tx++) {\n"
             "            blockIdx.x = l_x; blockIdx.y = l_y; threadIdx.x = l_tx; threadIdx.y = l_ty;\n"
+            "            if (emu_reverse) { blockIdx.x = l_gx - 1 - l_x; blockIdx.y = l_gy - 1 - l_y;\n"
+            "                               threadIdx.x = l_bx - 1 - l_tx; threadIdx.y = l_by - 1 - l_ty; }\n"
             f"            {name}({names});\n"
             "        }\n}\n")
     return "\n".join(out)
@@ -326,6 +369,7 @@ class CudaDevice:
 
     def launch(self, name: str, grid: tuple, block: tuple, args: tuple) -> None:
         args = check_args(name, args, lambda a: isinstance(a, self.xp.ndarray))
+        check_block(name, *(tuple(block) + (1,))[:2])
         fn = self._fns[name]
         with self._dev, self.stream:  # every operation on one stream: each sees the ones before it
             fn(tuple(grid), tuple(block), tuple(args))

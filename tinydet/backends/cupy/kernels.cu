@@ -1,16 +1,31 @@
 // The GPU backend's kernels: every output computed by the operations of the CPU backend in the same
-// order (tinydet/backends/cpu, docs in each function), each chain of them in one thread (a matrix
-// product's k-blocks may be separate chains, see matmul_part), so that each result has the CPU's
-// bits. Built by NVRTC with --fmad=false (a*b + c stays a rounded multiply and a rounded add; NVRTC's
-// default fuses them), --prec-div=true, --prec-sqrt=true, --ftz=false; no fast-math intrinsics, and
-// exp/tanh are tinydet's own (CUDA's expf uses ex2.approx). No shared memory, no warp shuffles: a
-// thread reads what it needs from global memory, so the same source also builds with a host C++
-// compiler into a serial emulator (device.HostDevice) that the tests run on a machine without a GPU.
+// order (tinydet/backends/cpu, docs in each function), each chain of them in one thread, so that each
+// result has the CPU's bits. Built by NVRTC with --fmad=false (a*b + c stays a rounded multiply and a
+// rounded add; NVRTC's default fuses them), --prec-div=true, --prec-sqrt=true, --ftz=false; no
+// fast-math intrinsics, and exp/tanh are tinydet's own (CUDA's expf uses ex2.approx). No warp
+// shuffles and no atomics: threads share work only through shared memory between barriers, in the
+// block kernels (BLOCK_KERNEL), so that the same source also builds with a host C++ compiler into a
+// serial emulator (device.HostDevice) that the tests run on a machine without a GPU.
 // tests/test_cuda.py lints the PTX: no fma, no .approx, no .ftz, every float add/sub/mul/div `.rn`.
+//
+// A KERNEL's threads are independent: the emulator runs them one after another. A BLOCK_KERNEL's body
+// runs once per thread block: code outside FOR_THREADS { ... } must be the same for every thread of
+// the block (it runs once on the host); FOR_THREADS { ... } is each thread's part (a loop over the
+// block's threads on the host, which must not return from inside it); SYNC is __syncthreads() (on the
+// host the loop's end is the barrier), and follows every FOR_THREADS but a kernel's last (the tests
+// check it, and that running the threads in reverse changes no bit). SHARED arrays are the block's shared memory; a thread's own
+// values that outlive a SYNC are PER_THREAD arrays, read and written as MY(name).
 
 #ifdef __CUDACC__
 #define KERNEL extern "C" __global__ void
+#define BLOCK_KERNEL extern "C" __global__ void
 #define DEV static __device__ __forceinline__
+#define UNROLL _Pragma("unroll")
+#define SHARED __shared__
+#define SYNC __syncthreads()
+#define FOR_THREADS
+#define PER_THREAD(type, name, dims) type name dims
+#define MY(name) name
 typedef unsigned int u32;
 typedef unsigned short u16;
 typedef long long i64;
@@ -21,7 +36,20 @@ DEV double as_double(i64 u) { return __longlong_as_double(u); }
 #include <math.h>
 #include <string.h>
 #define KERNEL extern "C" void
+#define BLOCK_KERNEL extern "C" void
 #define DEV static inline
+#define UNROLL
+#define SHARED static
+#define SYNC
+// emu_reverse (HostDevice(reverse=True)) runs threads and blocks in the opposite order: results that
+// changed with it would show threads that read what others of the same step write.
+static int emu_reverse = 0;
+extern "C" void emu_set_reverse(int r) { emu_reverse = r; }
+#define FOR_THREADS for (unsigned l_t = 0; l_t < blockDim.x && \
+    ((threadIdx.x = emu_reverse ? blockDim.x - 1 - l_t : l_t), 1); l_t++)
+#define MAX_THREADS 1024
+#define PER_THREAD(type, name, dims) static type name[MAX_THREADS] dims
+#define MY(name) name[threadIdx.x]
 typedef unsigned int u32;
 typedef unsigned short u16;
 typedef long long i64;
@@ -125,6 +153,75 @@ DEV float scale_at(const void* a, i64 i, int is_f32) {
 
 enum { F32P, F16P, F32R, F16R, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, MXFP4 };
 
+// A quantized 32-element block's values, in two steps: `qblock` loads what its elements share (scales,
+// high bits) once, `qel` makes element e from that and the element's low-bits word (the byte, for
+// Q8_0) and, for Q6_K, its high-bits word. `wat` takes one element; `wblock` a whole k-block of 64,
+// each word read once (gemv's decode).
+struct QB { float d, m; u32 h; };
+
+template <int KIND> DEV void qblock(const W& w, i64 p, i64 j, int b, QB& o) {
+    const int nb = w.K / 32, ns = w.K / 256, d32 = w.flags & 1, m32 = (w.flags >> 1) & 1;
+    const i64 bi = (p * nb + b) * 32 + j;
+    o.m = 0.0f;
+    o.h = 0u;
+    if (KIND == MXFP4) {  // d = 2^(e - 128) from the E8M0 byte's bits (ggml's E8M0_TO_FP32_HALF)
+        u32 e = ((const unsigned char*)w.d)[bi];
+        o.d = as_float(e < 2u ? 0x00200000u << e : (e - 1u) << 23);
+    } else if (KIND == Q8_0 || KIND == Q4_0 || KIND == Q4_1 || KIND == Q5_0) {
+        o.d = scale_at(w.d, bi, d32);
+        if (KIND == Q4_1) o.m = scale_at(w.m, bi, m32);
+        if (KIND == Q5_0) o.h = ((const u32*)w.qh)[bi];
+    } else if (KIND == Q4_K || KIND == Q5_K) {
+        const int s = b / 8, jj = b % 8;
+        const unsigned char* sc = (const unsigned char*)w.sc + (p * ns + s) * 12 * 32 + j;
+        u32 scale, mn;  // ggml's get_scale_min_k4
+        if (jj < 4) {
+            scale = sc[jj * 32] & 63u;
+            mn = sc[(jj + 4) * 32] & 63u;
+        } else {
+            scale = (sc[(jj + 4) * 32] & 15u) | ((sc[(jj - 4) * 32] >> 6) << 4);
+            mn = (sc[(jj + 4) * 32] >> 4) | ((sc[jj * 32] >> 6) << 4);
+        }
+        o.d = scale_at(w.d, (p * ns + s) * 32 + j, d32) * (float)scale;  // d * sc
+        o.m = scale_at(w.m, (p * ns + s) * 32 + j, m32) * (float)mn;  // dmin * mn
+        if (KIND == Q5_K) o.h = ((const u32*)w.qh)[bi];
+    } else {  // Q6_K: d * sc for elements 0-15 (d) and 16-31 (m)
+        const int s = b / 8, jj = b % 8;
+        const float d = scale_at(w.d, (p * ns + s) * 32 + j, d32);
+        o.d = d * (float)((const signed char*)w.sc)[((p * ns + s) * 16 + 2 * jj) * 32 + j];
+        o.m = d * (float)((const signed char*)w.sc)[((p * ns + s) * 16 + 2 * jj + 1) * 32 + j];
+    }
+}
+
+template <int KIND> DEV float qel(const QB& o, u32 word, u32 hword, int e) {
+    if (KIND == Q8_0) return (float)(signed char)(unsigned char)word * o.d;  // q * d
+    const u32 lo = (word >> (4 * (e % 8))) & 15u;
+    if (KIND == MXFP4) {  // d * kvalues_mxfp4[code] (code 8: +0)
+        const int kv[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+        return o.d * (float)kv[lo];
+    }
+    if (KIND == Q4_0) return o.d * (float)((int)lo - 8);  // d * (q - 8)
+    if (KIND == Q4_1) return (o.d * (float)lo) + o.m;  // (d * q) + m
+    if (KIND == Q5_0) return o.d * (float)((int)(lo | (((o.h >> e) & 1u) << 4)) - 16);  // d * q
+    if (KIND == Q4_K) return (o.d * (float)lo) - o.m;  // (dl * q) - ml
+    if (KIND == Q5_K) return (o.d * (float)(lo | (((o.h >> e) & 1u) << 4))) - o.m;
+    const u32 hi = (hword >> (2 * (e % 16))) & 3u;  // Q6_K
+    return (e < 16 ? o.d : o.m) * (float)((int)(lo | (hi << 4)) - 32);
+}
+
+// The low-bits word (Q8_0: the byte) of element e of block b, row j of quantized panel p; Q6_K's
+// high-bits word.
+template <int KIND> DEV u32 qword(const W& w, i64 p, i64 j, int b, int e) {
+    if (KIND == Q8_0) return ((const unsigned char*)w.qs)[(p * w.K + b * 32 + e) * 32 + j];
+    return ((const u32*)w.qs)[((p * (w.K / 32) + b) * 4 + e / 8) * 32 + j];
+}
+
+template <int KIND> DEV u32 qhword(const W& w, i64 p, i64 j, int b, int e) {
+    return KIND == Q6_K ? ((const u32*)w.qh)[((p * (w.K / 32) + b) * 2 + e / 16) * 32 + j] : 0u;
+}
+
+#define IS_QUANT(KIND) (KIND >= Q8_0)
+
 template <int KIND> DEV float wat(const W& w, i64 n, int k) {
     const int K = w.K;
     if (KIND == F32P || KIND == F16P) {  // float panels (P, K, 64)
@@ -137,107 +234,178 @@ template <int KIND> DEV float wat(const W& w, i64 n, int k) {
     }
     // quantized panels of 32 rows: row 32p + j, block b of 32 elements, element e of the block
     const i64 p = w.p0 + n / 32, j = n % 32;
-    const int b = k / 32, e = k % 32, nb = K / 32, ns = K / 256;
-    const int d32 = w.flags & 1, m32 = (w.flags >> 1) & 1;
-    if (KIND == Q8_0) {
-        float q = (float)((const signed char*)w.qs)[(p * K + k) * 32 + j];
-        return q * scale_at(w.d, (p * nb + b) * 32 + j, d32);  // q * d
-    }
-    u32 lo = (((const u32*)w.qs)[((p * nb + b) * 4 + e / 8) * 32 + j] >> (4 * (e % 8))) & 15u;
-    if (KIND == MXFP4) {  // d * q: d = 2^(e - 128) from the E8M0 byte's bits (ggml's E8M0_TO_FP32_HALF),
-        // q = kvalues_mxfp4[code] (code 8: +0)
-        const int kv[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-        u32 e = ((const unsigned char*)w.d)[(p * nb + b) * 32 + j];
-        float d = as_float(e < 2u ? 0x00200000u << e : (e - 1u) << 23);
-        return d * (float)kv[lo];
-    }
-    if (KIND == Q4_0 || KIND == Q4_1 || KIND == Q5_0) {
-        float d = scale_at(w.d, (p * nb + b) * 32 + j, d32);
-        if (KIND == Q4_0) return d * (float)((int)lo - 8);  // d * (q - 8)
-        if (KIND == Q4_1) return (d * (float)lo) + scale_at(w.m, (p * nb + b) * 32 + j, m32);  // (d * q) + m
-        u32 hi = (((const u32*)w.qh)[(p * nb + b) * 32 + j] >> e) & 1u;
-        return d * (float)((int)(lo | (hi << 4)) - 16);  // d * q
-    }
-    const int s = b / 8, jj = b % 8;
-    if (KIND == Q4_K || KIND == Q5_K) {
-        const unsigned char* sc = (const unsigned char*)w.sc + (p * ns + s) * 12 * 32 + j;
-        u32 scale, mn;  // ggml's get_scale_min_k4
-        if (jj < 4) {
-            scale = sc[jj * 32] & 63u;
-            mn = sc[(jj + 4) * 32] & 63u;
-        } else {
-            scale = (sc[(jj + 4) * 32] & 15u) | ((sc[(jj - 4) * 32] >> 6) << 4);
-            mn = (sc[(jj + 4) * 32] >> 4) | ((sc[jj * 32] >> 6) << 4);
-        }
-        u32 q = lo;
-        if (KIND == Q5_K) q |= ((((const u32*)w.qh)[(p * nb + b) * 32 + j] >> e) & 1u) << 4;
-        float dl = scale_at(w.d, (p * ns + s) * 32 + j, d32) * (float)scale;  // d * sc
-        float ml = scale_at(w.m, (p * ns + s) * 32 + j, m32) * (float)mn;  // dmin * mn
-        return (dl * (float)q) - ml;
-    }
-    // Q6_K
-    u32 hi = (((const u32*)w.qh)[((p * nb + b) * 2 + e / 16) * 32 + j] >> (2 * (e % 16))) & 3u;
-    float sc = (float)((const signed char*)w.sc)[((p * ns + s) * 16 + 2 * jj + e / 16) * 32 + j];
-    float dl = scale_at(w.d, (p * ns + s) * 32 + j, d32) * sc;  // d * sc
-    return dl * (float)((int)(lo | (hi << 4)) - 32);
+    const int b = k / 32, e = k % 32;
+    QB o;
+    qblock<KIND>(w, p, j, b, o);
+    return qel<KIND>(o, qword<KIND>(w, p, j, b, e), qhword<KIND>(w, p, j, b, e), e);
+}
+
+// v[0 .. 32) = W[n, 32 b .. 32 b + 32) of a quantized kind (block b), each word read once.
+template <int KIND> DEV void wblock(const W& w, i64 n, int b, float* v) {
+    const i64 p = w.p0 + n / 32, j = n % 32;
+    QB o;
+    qblock<KIND>(w, p, j, b, o);
+    u32 words[4], hwords[2];
+    UNROLL for (int i = 0; i < 4; i++) words[i] = KIND == Q8_0 ? 0u : qword<KIND>(w, p, j, b, 8 * i);
+    UNROLL for (int i = 0; i < 2; i++) hwords[i] = qhword<KIND>(w, p, j, b, 16 * i);
+    UNROLL for (int e = 0; e < 32; e++)
+        v[e] = qel<KIND>(o, KIND == Q8_0 ? qword<KIND>(w, p, j, b, e) : words[e / 8], hwords[e / 16], e);
 }
 
 // ---------------------------------------------------------------------------------------------------
 // The matrix product (cpu/matmul.py, cpu/tiles.py): out[t, c0 + n] = sum_k x[t, k] W[n, k] for outputs
 // c0 <= c0 + n < n1, per output: s = c = 0; for each k-block [k0, k0 + 64): part = 0, then
-// part = part + w * x for k in order; then the Kahan step of (part) into (s, c). Two ways to the same
-// operations: `matmul` gives a thread one output for MM_ROWS rows (grid y: groups of rows), loading
-// each weight once for them, and runs the whole chain; or, where the host has room for the partials
-// (decode, small batches: too few outputs to fill the GPU, and each thread's chain as long as K),
-// `matmul_part` gives a thread one k-block of one output for MM_ROWS rows and stores its part sums,
-// part[(t * nkb + kb) * N + n], and `mm_sum` then takes each output's Kahan steps over them in order.
+// part = part + w * x for k in order; then the Kahan step of (part) into (s, c). Each k-block's part
+// is a chain of its own, and only the Kahan steps must follow k-block order, so the product is tiled
+// like any other: `gemm` (many rows) stages a 64 x 64 tile of x and of W (quantized blocks dequantized
+// by `wat`) per k-block in shared memory, and each thread runs the k-block's 64-long chains of its
+// 4 x 4 (row, output) pairs and their Kahan steps; `gemv` (a few rows: decode, small batches) reads
+// each weight once: a block owns `tn` outputs, its threads run all their (output, k-block) chains at
+// once into shared memory, and then one thread per (row, output) takes the Kahan steps in order.
+//
+// Both can take, instead of x, RMSNorm's output (x[t, k] * inv[t]) * nw[k] computed as they load it
+// (`norm`; rms_scale's operations), and end in an epilogue `epi`: 0 out = s; 1 out = s + bias[col]
+// (add_bias's); 2 out = out + s (a residual add, add_rows's), where col = c0 + n.
 
-#define MM_ROWS 4
+DEV float rms_inv(const float* x, int n, float eps) {  // 1 / sqrt(mean(x^2) + eps), squares Kahan-summed in order
+    float s = 0.0f, c = 0.0f;
+    for (int i = 0; i < n; i++) KAHAN(x[i] * x[i], s, c);
+    return 1.0f / sqrtf(s / (float)n + eps);
+}
 
-// a[r] = part, the plain float32 sum of W[n, k] x[t0 + r, k] over k in [k0, k1) in k order, for the
-// MM_ROWS rows from t0 (rows past T repeat the last, never stored): one k-block of both ways.
-template <int KIND> DEV void block_sums(const float* x, int T, int K, const W& w, i64 n, int t0, int k0, int k1,
-                                        float* a) {
-    for (int r = 0; r < MM_ROWS; r++) a[r] = 0.0f;
-    for (int k = k0; k < k1; k++) {
-        float wk = wat<KIND>(w, n, k);
-        for (int r = 0; r < MM_ROWS; r++) {
-            int t = t0 + r < T ? t0 + r : T - 1;
-            a[r] = a[r] + wk * x[(i64)t * K + k];
+DEV void epilogue(float s, float* out, i64 i, const float* bias, i64 col, int epi) {
+    if (epi == 1) out[i] = s + bias[col];
+    else if (epi == 2) out[i] = out[i] + s;
+    else out[i] = s;
+}
+
+#define GT 64         // gemm's tile: rows, outputs, and k (one k-block)
+#define GTHREADS 256  // gemm's threads: 16 x 16, each 4 rows x 4 outputs (rows ty + 16 i, outputs tx + 16 j)
+
+template <int KIND> DEV void gemm(const float* x, int T, int K, const W& w, int c0, int n1, float* out, int ldo,
+                                  const float* nw, const float* inv, int norm, const float* bias, int epi) {
+    SHARED float xs[GT][GT + 1];  // xs[k][row]: padded so that a column's stores fall in different banks
+    SHARED float ws[GT][GT + 1];  // ws[k][output]
+    PER_THREAD(float, s, [16]);
+    PER_THREAD(float, c, [16]);
+    const i64 N = n1 - c0, nb = (i64)blockIdx.x * GT;
+    const int tb = (int)blockIdx.y * GT;
+    FOR_THREADS {
+        UNROLL for (int i = 0; i < 16; i++) { MY(s)[i] = 0.0f; MY(c)[i] = 0.0f; }
+    }
+    SYNC;
+    for (int k0 = 0; k0 < K; k0 += GT) {
+        const int kn = K - k0 < GT ? K - k0 : GT;
+        FOR_THREADS {
+            for (int e = (int)threadIdx.x; e < GT * GT; e += GTHREADS) {
+                int r = e / GT, k = e % GT;  // x along k (coalesced loads)
+                float v = 0.0f;
+                if (tb + r < T && k < kn) {
+                    i64 t = tb + r;
+                    v = x[t * K + k0 + k];
+                    if (norm) v = (v * inv[t]) * nw[k0 + k];
+                }
+                xs[k][r] = v;
+                if (!IS_QUANT(KIND)) {  // W along outputs (the panels' contiguous direction)
+                    int n = e % GT;
+                    k = e / GT;
+                    ws[k][n] = nb + n < N && k < kn ? wat<KIND>(w, nb + n, k0 + k) : 0.0f;
+                }
+            }
+            const int n = (int)threadIdx.x % GT, half = (int)threadIdx.x / GT;
+            if (IS_QUANT(KIND) && half < 2) {  // a thread per (output, block of 32): each word read once
+                float v[32];
+                if (nb + n < N && 32 * half < kn) wblock<KIND>(w, nb + n, k0 / 32 + half, v);
+                else UNROLL for (int e = 0; e < 32; e++) v[e] = 0.0f;
+                UNROLL for (int e = 0; e < 32; e++) ws[32 * half + e][n] = v[e];
+            }
+        }
+        SYNC;
+        FOR_THREADS {
+            const int ty = (int)threadIdx.x / 16, tx = (int)threadIdx.x % 16;
+            float a[16];
+            UNROLL for (int i = 0; i < 16; i++) a[i] = 0.0f;
+            for (int k = 0; k < kn; k++) {
+                float xv[4], wv[4];
+                UNROLL for (int i = 0; i < 4; i++) { xv[i] = xs[k][ty + 16 * i]; wv[i] = ws[k][tx + 16 * i]; }
+                UNROLL for (int i = 0; i < 4; i++)
+                    UNROLL for (int j = 0; j < 4; j++) a[i * 4 + j] = a[i * 4 + j] + wv[j] * xv[i];
+            }
+            UNROLL for (int i = 0; i < 16; i++) KAHAN(a[i], MY(s)[i], MY(c)[i]);
+        }
+        SYNC;
+    }
+    FOR_THREADS {
+        const int ty = (int)threadIdx.x / 16, tx = (int)threadIdx.x % 16;
+        UNROLL for (int i = 0; i < 4; i++)
+            UNROLL for (int j = 0; j < 4; j++) {
+                i64 t = tb + ty + 16 * i, n = nb + tx + 16 * j;
+                if (t < T && n < N) epilogue(MY(s)[i * 4 + j], out, t * ldo + c0 + n, bias, c0 + n, epi);
+            }
+    }
+}
+
+#define VROWS 8       // gemv's rows per block (grid y: groups of rows)
+#define VPART 8192    // gemv's shared floats for the chains' sums: rows x k-blocks x tn (the host keeps to it)
+
+template <int KIND> DEV void gemv(const float* x, int T, int K, const W& w, int c0, int n1, float* out, int ldo,
+                                  const float* nw, int norm, float eps, const float* bias, int epi, int tn) {
+    SHARED float part[VPART];  // part[(r * nkb + kb) * tn + n]
+    SHARED float sinv[VROWS];
+    const int nkb = (K + 63) / 64, tb = (int)blockIdx.y * VROWS;
+    const int rows = T - tb < VROWS ? T - tb : VROWS;
+    const i64 N = n1 - c0, nb = (i64)blockIdx.x * tn;
+    if (norm) {
+        FOR_THREADS {
+            if ((int)threadIdx.x < rows) sinv[threadIdx.x] = rms_inv(x + (i64)(tb + threadIdx.x) * K, K, eps);
+        }
+        SYNC;
+    }
+    FOR_THREADS {
+        for (int i = (int)threadIdx.x; i < tn * nkb; i += (int)blockDim.x) {
+            const int n = i % tn, kb = i / tn, k0 = kb * 64, k1 = k0 + 64 < K ? k0 + 64 : K;
+            if (nb + n >= N) continue;
+            float a[VROWS];  // unrolled over VROWS with the row test inside: registers, not local memory
+            UNROLL for (int r = 0; r < VROWS; r++) a[r] = 0.0f;
+            if (IS_QUANT(KIND)) {  // block by block of 32, each decoded at once (the chain runs on across them)
+                for (int k = k0; k < k1; k += 32) {
+                    float wv[32];
+                    wblock<KIND>(w, nb + n, k / 32, wv);
+                    UNROLL for (int e = 0; e < 32; e++) {
+                        UNROLL for (int r = 0; r < VROWS; r++) {
+                            if (r < rows) {
+                                float v = x[(i64)(tb + r) * K + k + e];
+                                if (norm) v = (v * sinv[r]) * nw[k + e];
+                                a[r] = a[r] + wv[e] * v;
+                            }
+                        }
+                    }
+                }
+            } else {
+                for (int k = k0; k < k1; k++) {
+                    const float wk = wat<KIND>(w, nb + n, k);
+                    UNROLL for (int r = 0; r < VROWS; r++) {
+                        if (r < rows) {
+                            float v = x[(i64)(tb + r) * K + k];
+                            if (norm) v = (v * sinv[r]) * nw[k];
+                            a[r] = a[r] + wk * v;
+                        }
+                    }
+                }
+            }
+            UNROLL for (int r = 0; r < VROWS; r++) if (r < rows) part[(r * nkb + kb) * tn + n] = a[r];
         }
     }
-}
-
-template <int KIND> DEV void matmul(const float* x, int T, int K, const W& w, int c0, int n1, float* out, int ldo) {
-    i64 n = (i64)GX;
-    int t0 = (int)GY * MM_ROWS;
-    if (c0 + n >= n1 || t0 >= T) return;
-    float s[MM_ROWS], c[MM_ROWS], a[MM_ROWS];
-    for (int r = 0; r < MM_ROWS; r++) { s[r] = 0.0f; c[r] = 0.0f; }
-    for (int k0 = 0; k0 < K; k0 += 64) {
-        block_sums<KIND>(x, T, K, w, n, t0, k0, k0 + 64 < K ? k0 + 64 : K, a);
-        for (int r = 0; r < MM_ROWS; r++) KAHAN(a[r], s[r], c[r]);
+    SYNC;
+    FOR_THREADS {
+        for (int i = (int)threadIdx.x; i < tn * rows; i += (int)blockDim.x) {
+            const int n = i % tn, r = i / tn;
+            if (nb + n >= N) continue;
+            float s = 0.0f, c = 0.0f;
+            for (int kb = 0; kb < nkb; kb++) KAHAN(part[(r * nkb + kb) * tn + n], s, c);
+            epilogue(s, out, (i64)(tb + r) * ldo + c0 + nb + n, bias, c0 + nb + n, epi);
+        }
     }
-    for (int r = 0; r < MM_ROWS && t0 + r < T; r++) out[(i64)(t0 + r) * ldo + c0 + n] = s[r];
-}
-
-template <int KIND> DEV void matmul_part(const float* x, int T, int K, const W& w, int c0, int n1, float* part) {
-    i64 N = n1 - c0, n = (i64)GX % N, kb = (i64)GX / N;
-    int t0 = (int)GY * MM_ROWS, nkb = (K + 63) / 64;
-    if (kb >= nkb || t0 >= T) return;
-    int k0 = (int)kb * 64;
-    float a[MM_ROWS];
-    block_sums<KIND>(x, T, K, w, n, t0, k0, k0 + 64 < K ? k0 + 64 : K, a);
-    for (int r = 0; r < MM_ROWS && t0 + r < T; r++) part[((i64)(t0 + r) * nkb + kb) * N + n] = a[r];
-}
-
-// out[t, c0 + n] = the Kahan steps of part[t, 0 .. nkb, n] in order (matmul_part's sums). A thread per (t, n).
-KERNEL mm_sum(const float* part, int T, int nkb, int c0, int n1, float* out, int ldo) {
-    i64 N = n1 - c0, t = (i64)GX / N, n = (i64)GX % N;
-    if (t >= T) return;
-    float s = 0.0f, c = 0.0f;
-    for (int kb = 0; kb < nkb; kb++) KAHAN(part[(t * nkb + kb) * N + n], s, c);
-    out[t * ldo + c0 + n] = s;
 }
 
 // x[t, i] = W[ids[t] - c0, i] for the rows ids[t] in [c0, n1) (an embedding; a thread per (t, i)).
@@ -249,15 +417,17 @@ template <int KIND> DEV void embed(const long long* ids, int T, int K, const W& 
 }
 
 #define STORAGE_KERNELS(NAME, KIND) \
-KERNEL mm_##NAME(const float* x, int T, int K, const void* qs, const void* d, const void* m, const void* sc, \
-                 const void* qh, int flags, long long p0, int c0, int n1, float* out, int ldo) { \
+BLOCK_KERNEL gemm_##NAME(const float* x, int T, int K, const void* qs, const void* d, const void* m, const void* sc, \
+                         const void* qh, int flags, long long p0, int c0, int n1, float* out, int ldo, \
+                         const float* nw, const float* inv, int norm, const float* bias, int epi) { \
     W w = {qs, d, m, sc, qh, K, flags, p0}; \
-    matmul<KIND>(x, T, K, w, c0, n1, out, ldo); \
+    gemm<KIND>(x, T, K, w, c0, n1, out, ldo, nw, inv, norm, bias, epi); \
 } \
-KERNEL mm_part_##NAME(const float* x, int T, int K, const void* qs, const void* d, const void* m, const void* sc, \
-                      const void* qh, int flags, long long p0, int c0, int n1, float* part) { \
+BLOCK_KERNEL gemv_##NAME(const float* x, int T, int K, const void* qs, const void* d, const void* m, const void* sc, \
+                         const void* qh, int flags, long long p0, int c0, int n1, float* out, int ldo, \
+                         const float* nw, int norm, float eps, const float* bias, int epi, int tn) { \
     W w = {qs, d, m, sc, qh, K, flags, p0}; \
-    matmul_part<KIND>(x, T, K, w, c0, n1, part); \
+    gemv<KIND>(x, T, K, w, c0, n1, out, ldo, nw, norm, eps, bias, epi, tn); \
 } \
 KERNEL embed_##NAME(const long long* ids, int T, int K, const void* qs, const void* d, const void* m, \
                     const void* sc, const void* qh, int flags, long long p0, int c0, int n1, float* x) { \
@@ -282,12 +452,6 @@ STORAGE_KERNELS(mxfp4, MXFP4)
 // RMSNorm (cpu/ops.py): out = (x * (1 / sqrt(mean(x^2) + eps))) * w, the sum of squares a Kahan sum
 // in index order: rms_inv_rows a thread per row (the chain), rms_scale a thread per element; out may be x.
 
-DEV float rms_inv(const float* x, int n, float eps) {
-    float s = 0.0f, c = 0.0f;
-    for (int i = 0; i < n; i++) KAHAN(x[i] * x[i], s, c);
-    return 1.0f / sqrtf(s / (float)n + eps);
-}
-
 KERNEL rms_inv_rows(const float* x, int T, int D, float eps, float* inv) {
     int t = (int)GX;
     if (t < T) inv[t] = rms_inv(x + (i64)t * D, D, eps);
@@ -296,6 +460,12 @@ KERNEL rms_inv_rows(const float* x, int T, int D, float eps, float* inv) {
 KERNEL rms_scale(const float* x, int T, int D, const float* inv, const float* w, float* out) {
     i64 i = (i64)GX;
     if (i < (i64)T * D) out[i] = (x[i] * inv[i / D]) * w[i % D];
+}
+
+// x += RMSNorm(y): rms_scale into y, then add_rows, as one step (a post-norm before the residual add).
+KERNEL rms_scale_add(float* x, const float* y, int T, int D, const float* inv, const float* w) {
+    i64 i = (i64)GX;
+    if (i < (i64)T * D) x[i] = x[i] + ((y[i] * inv[i / D]) * w[i % D]);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -382,8 +552,7 @@ KERNEL rope_store(float* qkv, int T, int q_dim, int kv_dim, int hd, const float*
 
 // ---------------------------------------------------------------------------------------------------
 // Attention (cpu/ops.py _attend): row t, head h attends to positions lo..pos[t] of sequence slot[t]
-// (lo = 0, or with window > 0 the first of the last `window`). Four steps, each a kernel; scores
-// (T, H, ncols) float32 hold the scores, then their exponentials.
+// (lo = 0, or with window > 0 the first of the last `window`).
 
 DEV float cache_at(const void* a, i64 i, int half) {
     return half ? f16_to_f32(((const u16*)a)[i]) : ((const float*)a)[i];
@@ -391,71 +560,72 @@ DEV float cache_at(const void* a, i64 i, int half) {
 
 DEV int first_pos(i64 n, int window) { return window > 0 && n - window > 0 ? (int)(n - window) : 0; }
 
-// scores[t, h, p] = (Kahan over d in order of q[t, h, d] k[p, d]) * scale. A thread per (t, h, p).
-KERNEL attn_scores(const float* q, int T, int H, int n_kv, int hd, const void* kc, int half, int tiles,
-                   const long long* pos, const long long* slot, float scale, int window, float* scores, int ncols) {
-    i64 th = GX / ncols;
-    int p = (int)(GX % ncols);
-    if (th >= (i64)T * H) return;
-    i64 t = th / H, h = th % H;
-    i64 n = pos[t] + 1;
-    if (p >= n || p < first_pos(n, window)) return;
-    i64 g = h / (H / n_kv);
-    i64 kb = ((slot[t] * n_kv + g) * tiles + p / 64) * hd * 64 + p % 64;
-    const float* qr = q + (i64)t * H * hd + (i64)h * hd;
-    float s = 0.0f, c = 0.0f;
-    for (int d = 0; d < hd; d++) KAHAN(qr[d] * cache_at(kc, kb + (i64)d * 64, half), s, c);
-    scores[(i64)th * ncols + p] = s * scale;
-}
+#define AMAX_HD 256        // the largest head_dim `attend` takes (the backend refuses larger)
+#define AMAX_THREADS 1024
 
-// m[t, h] = the largest score (a float64 holding a float32; -inf if none is greater). The order of the
-// comparisons does not matter: only a zero's sign could differ, and exp(s - m) does not see it.
-KERNEL attn_max(const float* scores, int TH, int H, const long long* pos, int window, int ncols, double* m) {
-    int th = (int)GX;
-    if (th >= TH) return;
-    i64 n = pos[th / H] + 1;
-    double mx = -as_double(0x7FF0000000000000LL);  // -inf
-    for (i64 p = first_pos(n, window); p < n; p++) {
-        double e = (double)scores[(i64)th * ncols + p];
-        if (e > mx) mx = e;
+// Row t = blockIdx.x / H, head h = blockIdx.x % H, one thread block (more threads than head_dim):
+// scores[t, h, p] = (Kahan over d in order of q[t, h, d] k[p, d]) * scale, positions spread over the
+// threads; m = the largest score (a float64 holding a float32, -inf if none is greater: the order of
+// the comparisons does not matter, only a zero's sign could differ and exp(s - m) does not see it);
+// scores = exp32(scores - m) with the difference taken in float64; then at once, thread d < head_dim:
+// the Kahan sum over positions in order of e_p v[p, d], and thread head_dim: the denominator, the Kahan
+// sum of the e_p in order; out = sum / den. scores (T, H, ncols) float32 holds the scores, then their
+// exponentials.
+BLOCK_KERNEL attend(const float* q, int T, int H, int n_kv, int hd, const void* kc, const void* vc, int half,
+                    int tiles, int cap, const long long* pos, const long long* slot, float scale, int window,
+                    float* scores, int ncols, float* out) {
+    SHARED float sq[AMAX_HD];
+    SHARED float num[AMAX_HD];
+    SHARED double red[AMAX_THREADS];
+    SHARED double smax;
+    SHARED float sden;
+    const i64 th = blockIdx.x, t = th / H, h = th % H, n = pos[t] + 1, g = h / (H / n_kv);
+    const i64 lo = first_pos(n, window), kv_dim = (i64)n_kv * hd;
+    const i64 kbase = (slot[t] * n_kv + g) * tiles * hd * 64, vbase = slot[t] * cap * kv_dim + g * hd;
+    float* sr = scores + th * ncols;
+    FOR_THREADS {
+        for (int d = (int)threadIdx.x; d < hd; d += (int)blockDim.x) sq[d] = q[(t * H + h) * hd + d];
     }
-    m[th] = mx;
-}
-
-// scores[t, h, p] = exp32(scores - m) with the difference taken in float64. A thread per (t, h, p).
-KERNEL attn_exp(float* scores, int TH, int H, const long long* pos, int window, const double* m, int ncols) {
-    i64 th = GX / ncols;
-    int p = (int)(GX % ncols);
-    if (th >= TH) return;
-    i64 n = pos[th / H] + 1;
-    if (p >= n || p < first_pos(n, window)) return;
-    i64 i = th * ncols + p;
-    scores[i] = (float)exp64((double)scores[i] - m[th]);
-}
-
-// den[t, h] = Kahan sum of the exponentials in position order.
-KERNEL attn_den(const float* scores, int TH, int H, const long long* pos, int window, int ncols, float* den) {
-    int th = (int)GX;
-    if (th >= TH) return;
-    i64 n = pos[th / H] + 1;
-    float s = 0.0f, c = 0.0f;
-    for (i64 p = first_pos(n, window); p < n; p++) KAHAN(scores[(i64)th * ncols + p], s, c);
-    den[th] = s;
-}
-
-// out[t, h * hd + d] = (Kahan over positions in order of e_p v[p, d]) / den. A thread per (t, h, d).
-KERNEL attn_pv(const float* scores, const float* den, int T, int H, int n_kv, int hd, const void* vc, int half,
-               int cap, const long long* pos, const long long* slot, int window, int ncols, float* out) {
-    i64 th = GX / hd;
-    int d = (int)(GX % hd);
-    if (th >= (i64)T * H) return;
-    i64 t = th / H, h = th % H;
-    i64 n = pos[t] + 1, g = h / (H / n_kv), kv_dim = (i64)n_kv * hd;
-    i64 vi = slot[t] * cap * kv_dim + g * hd + d;
-    float s = 0.0f, c = 0.0f;
-    for (i64 p = first_pos(n, window); p < n; p++)
-        KAHAN(scores[(i64)th * ncols + p] * cache_at(vc, vi + p * kv_dim, half), s, c);
-    out[(i64)t * H * hd + (i64)h * hd + d] = s / den[th];
+    SYNC;
+    FOR_THREADS {
+        double mx = -as_double(0x7FF0000000000000LL);  // -inf
+        for (i64 p = lo + threadIdx.x; p < n; p += blockDim.x) {
+            const i64 kb = kbase + (p / 64) * hd * 64 + p % 64;
+            float s = 0.0f, c = 0.0f;
+            for (int d = 0; d < hd; d++) KAHAN(sq[d] * cache_at(kc, kb + (i64)d * 64, half), s, c);
+            sr[p] = s * scale;
+            if ((double)sr[p] > mx) mx = (double)sr[p];
+        }
+        red[threadIdx.x] = mx;
+    }
+    SYNC;
+    FOR_THREADS {
+        if (threadIdx.x == 0) {
+            double mx = red[0];
+            for (unsigned i = 1; i < blockDim.x; i++) if (red[i] > mx) mx = red[i];
+            smax = mx;
+        }
+    }
+    SYNC;
+    FOR_THREADS {
+        for (i64 p = lo + threadIdx.x; p < n; p += blockDim.x) sr[p] = (float)exp64((double)sr[p] - smax);
+    }
+    SYNC;
+    FOR_THREADS {
+        const int d = (int)threadIdx.x;
+        float s = 0.0f, c = 0.0f;
+        if (d < hd) {
+            for (i64 p = lo; p < n; p++) KAHAN(sr[p] * cache_at(vc, vbase + p * kv_dim + d, half), s, c);
+            num[d] = s;
+        } else if (d == hd) {
+            for (i64 p = lo; p < n; p++) KAHAN(sr[p], s, c);
+            sden = s;
+        }
+    }
+    SYNC;
+    FOR_THREADS {
+        for (int d = (int)threadIdx.x; d < hd; d += (int)blockDim.x) out[(t * H + h) * hd + d] = num[d] / sden;
+    }
 }
 
 // out[r] = x[rows[r]] (the rows whose logits are wanted; a copy).
