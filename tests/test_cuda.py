@@ -30,7 +30,6 @@ import tinydet
 from contract import bits
 from test_native import NATIVE, random_blocks
 from test_native_model import PLANS, requantized
-from tinydet.backends import cupy as cupy_backend
 from tinydet.backends import open_device
 from tinydet.backends.cpu import layout
 from tinydet.backends.cpu.loaders import embed as cpu_embed
@@ -39,6 +38,7 @@ from tinydet.backends.cpu.ops import rmsnorm as cpu_rmsnorm
 from tinydet.backends.cpu.simd import to_f16_bits
 from tinydet.backends.cupy import HostDevice, embed, product
 from tinydet.backends.cupy import device as D
+from tinydet.backends.cupy import products as cupy_products
 from tinydet.cli import main
 from tinydet.errors import TinydetError
 from tinydet.formats.ggml import GGML_TYPE_IDS
@@ -72,7 +72,7 @@ def mm_path(request, monkeypatch):
     """Each product both ways (cupy.GEMV_ROWS): gemv, every (output, k-block) chain of a block's outputs
     at once, then the Kahan steps (what a few rows take; here any number of rows, in groups of
     VROWS), or gemm's tiles (what many rows take; here any number)."""
-    monkeypatch.setattr(cupy_backend, "GEMV_ROWS", 10**6 if request.param == "gemv" else 0)
+    monkeypatch.setattr(cupy_products, "GEMV_ROWS", 10**6 if request.param == "gemv" else 0)
     return request.param
 
 

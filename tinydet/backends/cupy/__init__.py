@@ -3,12 +3,15 @@ NVIDIA GPU (`device.CudaDevice`) or, on a machine without one, by a serial emula
 same source (`device.HostDevice`; the tests use it).
 
 Every output is computed in the CPU backend's order, each chain of operations in one thread (64-long
-k-blocks of plain float32 sums, in threads of their own where the partials fit (`_mm`), added with
-Kahan compensation, per-element Kahan in RMSNorm and attention, tinydet's own exp and
-tanh), so each logits row has the CPU's bits: the same golden hashes, any batch, any chunking. The
-weights are the CPU backend's packed weights (`cpu.weights.CPUWeights`: the same panels, quantized
-blocks dequantized inside the kernels), copied to the device. Decode steps (one token per item, no
-hook) on a GPU replay a CUDA graph captured on the first step of each shape.
+k-blocks of plain float32 sums, each a chain of its own, added in order with Kahan compensation;
+per-element Kahan in RMSNorm and attention; tinydet's own exp and tanh), so each logits row has the
+CPU's bits: the same golden hashes, any batch, any chunking. Around those chains the kernels are a
+GPU's: the products tiled through shared memory (gemm) or reading each weight once for a few rows
+(gemv), attention a thread block per row and head, and without a hook the small steps fused into
+their neighbours (`CudaBackend._pass`). The weights are the CPU backend's packed weights
+(`cpu.weights.CPUWeights`: the same panels, quantized blocks dequantized inside the kernels), copied to
+the device. Decode steps (one token per item, no hook) on a GPU replay a CUDA graph captured on the
+first step of each shape.
 """
 
 from __future__ import annotations
@@ -26,28 +29,15 @@ from ...errors import TinydetError
 from ...memory import MemoryLimitError
 from ...rope import inv_freq
 from ..base import OPS, Backend, Hook, KVCache, plan_batch, split_logits
-from ..cpu.layout import MixedPanels, QPanels
 from ..cpu.ops import GELU_B, GELU_K, ACTIVATIONS, ATILE, rope_tables
 from ..cpu.weights import DTYPES, MATRICES, CPUWeights
 from .device import CudaDevice, HostDevice
+from .products import AMAX_HD, BLOCK, Matrix, blocks, embed, embed_rows, mm, product
 
 __all__ = ["CudaBackend", "CudaDevice", "HostDevice", "embed", "product"]
 
 (EMBEDDING, ATTN_NORM, Q, K, V, ROPE_Q, ROPE_K, ATTENTION, ATTN_OUTPUT, POST_ATTN_NORM, ATTN_RESIDUAL, FFN_NORM, GATE,
  UP, ACTIVATION, DOWN, POST_FFN_NORM, FFN_RESIDUAL, FINAL_NORM, LOGITS, _ROUTER) = OPS
-
-BLOCK = 128
-# The products (kernels.cu gemm, gemv): up to GEMV_ROWS rows (decode, small batches) run gemv, which
-# reads each weight once for VROWS rows; more run gemm's 64 x 64 tiles.
-GT, GTHREADS = 64, 256  # kernels.cu GT, GTHREADS
-VROWS, VPART = 8, 8192  # kernels.cu VROWS, VPART
-GEMV_ROWS = VROWS
-AMAX_HD = 256  # kernels.cu AMAX_HD: the largest head_dim of `attend`
-
-
-def _blocks(n: int, block: int = BLOCK) -> int:
-    return max(1, -(-int(n) // block))
-
 
 @contextlib.contextmanager
 def _fits(dev, what: str):
@@ -98,122 +88,6 @@ class CudaKVCache(KVCache):
     def write_block(self, slot: int, b: int, data: tuple) -> None:
         with self._dev.context():
             self.k[:, slot, :, b], self.v[:, slot, b * ATILE:(b + 1) * ATILE] = data
-
-
-class _Matrix:
-    """A packed matrix kind (`CPUWeights`' float panels, QPanels or MixedPanels; stacked over layers
-    or not) on the device, as the launches of its product: per layer, one segment per storage run,
-    (kernel suffix, (qs, d, m, sc, qh), flags, first panel, first output, end output)."""
-
-    def __init__(self, dev, w, n_out: int, stacked: bool, dummy):
-        self.n_out = n_out
-        layers = range(_n_layers(w) if stacked else 1)
-        if isinstance(w, MixedPanels):
-            parts = [_upload(dev, p, dummy) for p in w.parts]
-            tab = w.table
-            self.segments = []
-            for li in layers:
-                segs = []
-                for s in range(tab.shape[1] - 1):
-                    part, p0, c0, c1 = (int(v) for v in (tab[li, s, 0], tab[li, s, 1], tab[li, s, 2], tab[li, s + 1, 2]))
-                    if part >= 0 and c0 < min(n_out, c1):
-                        segs.append((*parts[part], p0, c0, min(n_out, c1)))
-                self.segments.append(segs)
-        else:
-            up = _upload(dev, w, dummy)
-            name, arrays, flags = up
-            self.segments = [[(name, tuple(a[li] if stacked and a is not dummy else a for a in arrays), flags, 0, 0,
-                               n_out)] for li in layers]
-
-    def layer(self, li: int | None) -> list:
-        return self.segments[0 if li is None else li]
-
-
-def _n_layers(w) -> int:
-    if isinstance(w, MixedPanels):
-        return w.table.shape[0]
-    return (w.qs if isinstance(w, QPanels) else w).shape[0]
-
-
-def _upload(dev, w, dummy) -> tuple:
-    """(kernel suffix, five device arrays (dummy where absent), flags) of float panels, a (rows, K)
-    table or QPanels."""
-    if isinstance(w, QPanels):
-        arrays = tuple(dummy if a is None else dev.to_device(a) for a in (w.qs, w.d, w.m, w.sc, w.qh))
-        flags = int(w.d.dtype == np.float32) | (int(w.m is not None and w.m.dtype == np.float32) << 1)
-        return w.type_name.lower(), arrays, flags
-    kind = "f16" if w.dtype == np.uint16 else "f32"
-    name = ("rows_" if w.ndim == 2 else "") + kind  # a (rows, K) table, or panels
-    return name, (dev.to_device(w), dummy, dummy, dummy, dummy), 0
-
-
-def _gemv_shape(T: int, K: int, N: int) -> tuple[int, int] | None:
-    """gemv's outputs per block and threads per block for a T-row product of N outputs over K, or None
-    where its chains' sums would not fit in shared memory (VPART; gemm then runs it). Blocks of 8-32
-    outputs: wide enough for whole memory sectors of the panels' rows, narrow enough for a few hundred
-    blocks where N allows."""
-    nkb, rows = -(-K // 64), min(T, VROWS)
-    tn = 32
-    while tn > 1 and (tn * nkb * rows > VPART or (tn > 8 and -(-N // tn) < 264)):
-        tn //= 2
-    if tn * nkb * rows > VPART:
-        return None
-    return tn, min(GTHREADS, -(-tn * nkb // 32) * 32)
-
-
-def _mm(dev, x, segments: list, out, dummy, norm=None, inv=None, bias=None, epi: int = 0) -> None:
-    """out[:, c0:n1] = x W^T for each segment of a matrix's layer (`_Matrix.layer`), ended by kernels.cu's
-    `epilogue` epi (1: + bias, 2: out += the product). With norm = (weights, eps), x is RMSNorm's input
-    and the product takes its output: gemv computes 1 / rms per row in each block, gemm reads it from
-    `inv` (a float32 buffer of T), filled here first."""
-    T, K = x.shape
-    nw, eps = norm if norm is not None else (dummy, 0.0)
-    bias = dummy if bias is None else bias
-    shapes = [_gemv_shape(T, K, n1 - c0) if T <= GEMV_ROWS else None for *_, c0, n1 in segments]
-    if norm is not None and any(sh is None for sh in shapes):
-        dev.launch("rms_inv_rows", (_blocks(T, 64),), (64,), (x, T, K, np.float32(eps), inv))
-    for (name, arrays, flags, p0, c0, n1), shape in zip(segments, shapes):
-        if shape is not None:
-            tn, threads = shape
-            dev.launch(f"gemv_{name}", (_blocks(n1 - c0, tn), _blocks(T, VROWS)), (threads,),
-                       (x, T, K, *arrays, flags, p0, c0, n1, out, out.shape[1], nw, int(norm is not None),
-                        np.float32(eps), bias, epi, tn))
-        else:
-            dev.launch(f"gemm_{name}", (_blocks(n1 - c0, GT), _blocks(T, GT)), (GTHREADS,),
-                       (x, T, K, *arrays, flags, p0, c0, n1, out, out.shape[1], nw,
-                        inv if norm is not None else dummy, int(norm is not None), bias, epi))
-
-
-def _embed(dev, ids, T: int, K: int, segments: list, out) -> None:
-    """out[t] = row ids[t] of the matrix whose segments are given (`_Matrix.layer`)."""
-    for name, arrays, flags, p0, c0, n1 in segments:
-        dev.launch(f"embed_{name}", (_blocks(T * K),), (BLOCK,), (ids, T, K, *arrays, flags, p0, c0, n1, out))
-
-
-def product(dev, x: np.ndarray, w, n_out: int, layer: int | None = None, norm=None, bias=None,
-            out=None) -> np.ndarray:
-    """x W^T (n_out outputs) by the GPU kernels on `dev`, for W in a CPU backend storage: float panels
-    or QPanels, or with `layer` a kind stacked over layers (MixedPanels too). With norm = (weights, eps)
-    the product of RMSNorm(x); with `bias` (n_out) the bias added; with `out` (rows, n_out) the product
-    added to it (a residual add)."""
-    dummy = dev.to_device(np.zeros(1, np.float32))
-    mat = _Matrix(dev, w, n_out, layer is not None, dummy)
-    res = dev.to_device(np.full((x.shape[0], n_out), np.nan, np.float32) if out is None else out.copy())
-    put = (lambda a: None if a is None else dev.to_device(np.ascontiguousarray(a, np.float32)))
-    inv = dev.to_device(np.full(x.shape[0], np.nan, np.float32))
-    nrm = None if norm is None else (put(norm[0]), norm[1])
-    _mm(dev, put(x), mat.layer(layer), res, dummy, nrm, inv, put(bias), 1 if bias is not None else 2 * (out is not None))
-    return np.array(dev.to_host(res))
-
-
-def embed(dev, w, ids, k: int) -> np.ndarray:
-    """Rows `ids` of the matrix W (k columns) in a CPU backend storage, read by the GPU kernels."""
-    n = w.n if isinstance(w, QPanels) else (w.shape[0] * 64 if w.ndim == 3 else w.shape[0])
-    ids = np.ascontiguousarray(ids, np.int64)
-    mat = _Matrix(dev, w, n, False, dev.to_device(np.zeros(1, np.float32)))
-    out = dev.to_device(np.full((ids.shape[0], k), np.nan, np.float32))
-    _embed(dev, dev.to_device(ids), ids.shape[0], k, mat.layer(None), out)
-    return np.array(dev.to_host(out))
 
 
 class _Workspace:
@@ -274,9 +148,9 @@ class CudaBackend(Backend):
         n_out = {"wqkv": cfg.q_dim + 2 * cfg.kv_dim, "wo": cfg.dim, "w13": 2 * cfg.ffn_dim, "w2": cfg.dim}
         with dev.context(), _fits(dev, f"the weights ({self._nbytes / 2**20:.0f} MiB at {dtype})"):
             self._dummy = dev.to_device(np.zeros(1, np.float32))
-            self._mats = {name: _Matrix(dev, getattr(w, name), n_out[name], True, self._dummy) for name, _ in MATRICES}
-            self._output = _Matrix(dev, w.output, cfg.vocab_size, False, self._dummy)
-            self._table = self._output if w.table is w.output else _Matrix(dev, w.table, cfg.vocab_size, False,
+            self._mats = {name: Matrix(dev, getattr(w, name), n_out[name], True, self._dummy) for name, _ in MATRICES}
+            self._output = Matrix(dev, w.output, cfg.vocab_size, False, self._dummy)
+            self._table = self._output if w.table is w.output else Matrix(dev, w.table, cfg.vocab_size, False,
                                                                             self._dummy)
             self._vec = {name: dev.to_device(getattr(w, name)) for name in (
                 "attn_norm", "ffn_norm", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm", "bqkv", "norm")}
@@ -380,15 +254,15 @@ class CudaBackend(Backend):
     # adds into the products' epilogues, a post-norm with its residual add; with one, every op is its
     # own kernel so that the hook sees (and may change) each op's output.
 
-    def _mm(self, ws: _Workspace, x, mat: _Matrix, li, out, norm=None, bias=None, epi: int = 0) -> None:
+    def _mm(self, ws: _Workspace, x, mat: Matrix, li, out, norm=None, bias=None, epi: int = 0) -> None:
         """`_mm` of layer li's matrix; norm: RMSNorm's weights (the product of RMSNorm(x))."""
-        _mm(self.dev, x, mat.layer(li), out, self._dummy, None if norm is None else (norm, self._eps), ws.inv,
+        mm(self.dev, x, mat.layer(li), out, self._dummy, None if norm is None else (norm, self._eps), ws.inv,
             bias, epi)
 
     def _rmsnorm(self, ws: _Workspace, x, w, out) -> None:
         T, D = x.shape
-        self.dev.launch("rms_inv_rows", (_blocks(T, 64),), (64,), (x, T, D, self._eps, ws.inv))
-        self.dev.launch("rms_scale", (_blocks(T * D),), (BLOCK,), (x, T, D, ws.inv, w, out))
+        self.dev.launch("rms_inv_rows", (blocks(T, 64),), (64,), (x, T, D, self._eps, ws.inv))
+        self.dev.launch("rms_scale", (blocks(T * D),), (BLOCK,), (x, T, D, ws.inv, w, out))
 
     def _see(self, hook, li, op, pos, slots, a, c0=0, c1=None) -> None:
         """The op hook on columns c0..c1 of `a`: given a host copy, whose changes are copied back."""
@@ -411,7 +285,7 @@ class CudaBackend(Backend):
         self._mm(ws, h, mat, li, out)
         if bias is not None:
             n = out.shape[1]
-            self.dev.launch("add_bias", (_blocks(out.shape[0] * n),), (BLOCK,), (out, bias, out.shape[0], n))
+            self.dev.launch("add_bias", (blocks(out.shape[0] * n),), (BLOCK,), (out, bias, out.shape[0], n))
 
     def _pass(self, ws: _Workspace, cache: CudaKVCache, hook, b) -> None:
         cfg, dev, v = self.config, self.dev, self._vec
@@ -421,9 +295,9 @@ class CudaBackend(Backend):
         half = int(self.dtype == "fp16")
         tiles = cache.k.shape[3]
         x, qkv = ws.x, ws.qkv
-        _embed(dev, ws.ids, T, dim, self._table.layer(None), x)
+        embed_rows(dev, ws.ids, T, dim, self._table.layer(None), x)
         if cfg.embed_scale:
-            dev.launch("scale_rows", (_blocks(T * dim),), (BLOCK,), (x, np.float32(cfg.embed_scale), T * dim))
+            dev.launch("scale_rows", (blocks(T * dim),), (BLOCK,), (x, np.float32(cfg.embed_scale), T * dim))
         self._see(hook, None, EMBEDDING, pos, slots, x)
         for li in range(cfg.n_layers):
             kc, vc = cache.k[li], cache.v[li]
@@ -434,7 +308,7 @@ class CudaBackend(Backend):
             self._see(hook, li, V, pos, slots, qkv, q_dim + kv_dim, q_dim + 2 * kv_dim)
             r = self._layer_rope[li]
             qn, kn = v["q_norm"], v["k_norm"]
-            dev.launch("rope_store", (_blocks(T * (H + cfg.n_kv_heads)),), (BLOCK,),
+            dev.launch("rope_store", (blocks(T * (H + cfg.n_kv_heads)),), (BLOCK,),
                        (qkv, T, q_dim, kv_dim, hd, self._cos[r], self._sin[r], ws.pos, ws.slots, kc, vc, half, tiles,
                         cache.capacity, ws.q, qn[li] if qn.shape[1] else self._dummy, int(qn.shape[1] > 0),
                         kn[li] if kn.shape[1] else self._dummy, int(kn.shape[1] > 0), self._eps))
@@ -450,17 +324,17 @@ class CudaBackend(Backend):
             self._normed_mm(ws, hook, li, FFN_NORM, pos, slots, x, v["ffn_norm"][li], self._mats["w13"], ws.gu)
             self._see(hook, li, GATE, pos, slots, ws.gu, 0, F)
             self._see(hook, li, UP, pos, slots, ws.gu, F, 2 * F)
-            dev.launch("glu", (_blocks(T * F),), (BLOCK,), (ws.gu, T, F, self._act, GELU_B, GELU_K, ws.a))
+            dev.launch("glu", (blocks(T * F),), (BLOCK,), (ws.gu, T, F, self._act, GELU_B, GELU_K, ws.a))
             self._see(hook, li, ACTIVATION, pos, slots, ws.a)
             self._project(ws.a, "w2", li, v["post_ffn_norm"], hook, (DOWN, POST_FFN_NORM, FFN_RESIDUAL), ws, pos, slots)
         if R == 0:
             return
-        dev.launch("gather_rows", (_blocks(R * dim),), (BLOCK,), (x, dim, ws.rows, R, ws.xr))
+        dev.launch("gather_rows", (blocks(R * dim),), (BLOCK,), (x, dim, ws.rows, R, ws.xr))
         pr, sr = (b.pos[b.rows], b.slots[b.rows]) if b is not None else (None, None)
         logits = ws.logits[:R]
         self._normed_mm(ws, hook, None, FINAL_NORM, pr, sr, ws.xr[:R], v["norm"], self._output, logits)
         if cfg.logit_softcap:
-            dev.launch("softcap", (_blocks(R * cfg.vocab_size),), (BLOCK,),
+            dev.launch("softcap", (blocks(R * cfg.vocab_size),), (BLOCK,),
                        (logits, R * cfg.vocab_size, np.float32(cfg.logit_softcap)))
         self._see(hook, None, LOGITS, pr, sr, logits)
 
@@ -477,12 +351,12 @@ class CudaBackend(Backend):
         if post.shape[1]:
             if hook is None:
                 T, D = ws.proj.shape
-                self.dev.launch("rms_inv_rows", (_blocks(T, 64),), (64,), (ws.proj, T, D, self._eps, ws.inv))
-                self.dev.launch("rms_scale_add", (_blocks(n),), (BLOCK,), (ws.x, ws.proj, T, D, ws.inv, post[li]))
+                self.dev.launch("rms_inv_rows", (blocks(T, 64),), (64,), (ws.proj, T, D, self._eps, ws.inv))
+                self.dev.launch("rms_scale_add", (blocks(n),), (BLOCK,), (ws.x, ws.proj, T, D, ws.inv, post[li]))
                 return
             self._rmsnorm(ws, ws.proj, post[li], ws.proj)
             self._see(hook, li, post_op, pos, slots, ws.proj)
-        self.dev.launch("add_rows", (_blocks(n),), (BLOCK,), (ws.x, ws.proj, n))
+        self.dev.launch("add_rows", (blocks(n),), (BLOCK,), (ws.x, ws.proj, n))
         self._see(hook, li, res_op, pos, slots, ws.x)
 
     def _attention(self, ws: _Workspace, kc, vc, half, tiles, cap, window) -> None:
