@@ -142,11 +142,13 @@ done
 # The sizes people run: a 1B-shaped Q4_0 file, made here (it is 0.6 GiB: too large to carry)
 smollm2=""
 for m in "${models[@]}"; do case "$(basename "$m")" in SmolLM2*.gguf) smollm2=$m ;; esac; done
-if has size && [ "$device" != cuda-host ]; then
+# ($SIZE_SHAPE another of make_random_gguf's shapes: `tiny` checks this phase on the emulator)
+shape=${SIZE_SHAPE:-llama-1b}
+if has size && { [ "$device" != cuda-host ] || [ -n "${SIZE_SHAPE:-}" ]; }; then
     if [ -z "$smollm2" ] || ! python3 -c "import gguf" 2>/dev/null; then
         echo "(SmolLM2's GGUF or the gguf package missing: size not checked)" | tee -a "$log"
-    elif run python3 bench/make_random_gguf.py --shape llama-1b --type Q4_0 --out-dir /tmp --tokenizer "$smollm2"; then
-        big=/tmp/llama-1b-random.Q4_0.gguf
+    elif run python3 bench/make_random_gguf.py --shape "$shape" --type Q4_0 --out-dir "$work" --tokenizer "$smollm2"; then
+        big=$work/$shape-random.Q4_0.gguf
         run python3 -m tinydet bench "$big" --device "$device" --dtype native --prompt-tokens 512 --new-tokens 64 \
             --repeats 3 --json
         run python3 tools/gpu_bench.py "$big" --device "$device" --requests 32 --new-tokens 64

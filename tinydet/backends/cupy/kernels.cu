@@ -21,6 +21,7 @@
 #define BLOCK_KERNEL extern "C" __global__ void
 #define DEV static __device__ __forceinline__
 #define UNROLL _Pragma("unroll")
+#define UNROLL16 _Pragma("unroll 16")
 #define SHARED __shared__
 #define SYNC __syncthreads()
 #define FOR_THREADS
@@ -39,6 +40,7 @@ DEV double as_double(i64 u) { return __longlong_as_double(u); }
 #define BLOCK_KERNEL extern "C" void
 #define DEV static inline
 #define UNROLL
+#define UNROLL16
 #define SHARED static
 #define SYNC
 // emu_reverse (HostDevice(reverse=True)) runs threads and blocks in the opposite order: results that
@@ -95,7 +97,9 @@ DEV u16 f32_to_f16(float x) {
     return (u16)(o | (sign >> 16));
 }
 
-// y = part - c; z = s + y; c = (z - s) - y; s = z
+// y = part - c; z = s + y; c = (z - s) - y; s = z. A chain of these over values in memory is unrolled
+// (UNROLL16) so that its loads are in flight together: with a loop of one load and one dependent step
+// each step would wait for its load (the arithmetic and its order are the same).
 #define KAHAN(part, s, c) do { float y_ = (part) - (c); float z_ = (s) + y_; (c) = (z_ - (s)) - y_; (s) = z_; } while (0)
 
 // ---------------------------------------------------------------------------------------------------
@@ -269,7 +273,7 @@ template <int KIND> DEV void wblock(const W& w, i64 n, int b, float* v) {
 
 DEV float rms_inv(const float* x, int n, float eps) {  // 1 / sqrt(mean(x^2) + eps), squares Kahan-summed in order
     float s = 0.0f, c = 0.0f;
-    for (int i = 0; i < n; i++) KAHAN(x[i] * x[i], s, c);
+    UNROLL16 for (int i = 0; i < n; i++) KAHAN(x[i] * x[i], s, c);
     return 1.0f / sqrtf(s / (float)n + eps);
 }
 
@@ -402,7 +406,7 @@ template <int KIND> DEV void gemv(const float* x, int T, int K, const W& w, int 
             const int n = i % tn, r = i / tn;
             if (nb + n >= N) continue;
             float s = 0.0f, c = 0.0f;
-            for (int kb = 0; kb < nkb; kb++) KAHAN(part[(r * nkb + kb) * tn + n], s, c);
+            UNROLL16 for (int kb = 0; kb < nkb; kb++) KAHAN(part[(r * nkb + kb) * tn + n], s, c);
             epilogue(s, out, (i64)(tb + r) * ldo + c0 + nb + n, bias, c0 + nb + n, epi);
         }
     }
@@ -592,7 +596,7 @@ BLOCK_KERNEL attend(const float* q, int T, int H, int n_kv, int hd, const void* 
         for (i64 p = lo + threadIdx.x; p < n; p += blockDim.x) {
             const i64 kb = kbase + (p / 64) * hd * 64 + p % 64;
             float s = 0.0f, c = 0.0f;
-            for (int d = 0; d < hd; d++) KAHAN(sq[d] * cache_at(kc, kb + (i64)d * 64, half), s, c);
+            UNROLL16 for (int d = 0; d < hd; d++) KAHAN(sq[d] * cache_at(kc, kb + (i64)d * 64, half), s, c);
             sr[p] = s * scale;
             if ((double)sr[p] > mx) mx = (double)sr[p];
         }
@@ -615,10 +619,10 @@ BLOCK_KERNEL attend(const float* q, int T, int H, int n_kv, int hd, const void* 
         const int d = (int)threadIdx.x;
         float s = 0.0f, c = 0.0f;
         if (d < hd) {
-            for (i64 p = lo; p < n; p++) KAHAN(sr[p] * cache_at(vc, vbase + p * kv_dim + d, half), s, c);
+            UNROLL16 for (i64 p = lo; p < n; p++) KAHAN(sr[p] * cache_at(vc, vbase + p * kv_dim + d, half), s, c);
             num[d] = s;
         } else if (d == hd) {
-            for (i64 p = lo; p < n; p++) KAHAN(sr[p], s, c);
+            UNROLL16 for (i64 p = lo; p < n; p++) KAHAN(sr[p], s, c);
             sden = s;
         }
     }
