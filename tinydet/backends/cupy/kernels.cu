@@ -350,6 +350,43 @@ template <int KIND> DEV void gemm(const float* x, int T, int K, const W& w, int 
 }
 
 #define VROWS 8       // gemv's rows per block (grid y: groups of rows)
+#define RCHUNK 256
+
+// sinv[r] = rms_inv(row r of x) for the block's rows r < rows (at most VROWS; x (rows, K)): a thread per
+// row runs its chain over a copy in shared memory that all the block's threads load, RCHUNK elements
+// at a time (each step of the chain then waits on shared memory, not on a load from L2).
+DEV void rms_inv_block(const float* x, int K, int rows, float eps, float* sinv) {
+    SHARED float xs[VROWS][RCHUNK];
+    PER_THREAD(float, s, [1]);
+    PER_THREAD(float, c, [1]);
+    FOR_THREADS {
+        MY(s)[0] = 0.0f;
+        MY(c)[0] = 0.0f;
+    }
+    SYNC;
+    for (int k0 = 0; k0 < K; k0 += RCHUNK) {
+        const int kn = K - k0 < RCHUNK ? K - k0 : RCHUNK;
+        FOR_THREADS {
+            for (int i = (int)threadIdx.x; i < rows * RCHUNK; i += (int)blockDim.x)
+                if (i % RCHUNK < kn) xs[i / RCHUNK][i % RCHUNK] = x[(i64)(i / RCHUNK) * K + k0 + i % RCHUNK];
+        }
+        SYNC;
+        FOR_THREADS {
+            const int r = (int)threadIdx.x;
+            if (r < rows) {
+                float ss = MY(s)[0], cc = MY(c)[0];
+                UNROLL16 for (int k = 0; k < kn; k++) KAHAN(xs[r][k] * xs[r][k], ss, cc);
+                MY(s)[0] = ss;
+                MY(c)[0] = cc;
+            }
+        }
+        SYNC;
+    }
+    FOR_THREADS {
+        if ((int)threadIdx.x < rows) sinv[threadIdx.x] = 1.0f / sqrtf(MY(s)[0] / (float)K + eps);  // rms_inv's
+    }
+    SYNC;
+}
 #define VPART 8192    // gemv's shared floats for the chains' sums: rows x k-blocks x tn (the host keeps to it)
 
 template <int KIND> DEV void gemv(const float* x, int T, int K, const W& w, int c0, int n1, float* out, int ldo,
@@ -359,12 +396,7 @@ template <int KIND> DEV void gemv(const float* x, int T, int K, const W& w, int 
     const int nkb = (K + 63) / 64, tb = (int)blockIdx.y * VROWS;
     const int rows = T - tb < VROWS ? T - tb : VROWS;
     const i64 N = n1 - c0, nb = (i64)blockIdx.x * tn;
-    if (norm) {
-        FOR_THREADS {
-            if ((int)threadIdx.x < rows) sinv[threadIdx.x] = rms_inv(x + (i64)(tb + threadIdx.x) * K, K, eps);
-        }
-        SYNC;
-    }
+    if (norm) rms_inv_block(x + (i64)tb * K, K, rows, eps, sinv);
     FOR_THREADS {
         for (int i = (int)threadIdx.x; i < tn * nkb; i += (int)blockDim.x) {
             const int n = i % tn, kb = i / tn, k0 = kb * 64, k1 = k0 + 64 < K ? k0 + 64 : K;
