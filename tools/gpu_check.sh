@@ -32,7 +32,11 @@
 # tokenizers, click, jinja2 and CuPy (cupy-cuda12x or cupy-cuda13x, matching the driver) with
 # cuda-bindings and NVRTC. A model file larger than what can be copied to the machine in one go can be
 # given as its pieces (split -b 50M), in order: they are joined into /tmp first (MODEL.gguf.part-aa
-# MODEL.gguf.part-ab ... -> MODEL.gguf).
+# MODEL.gguf.part-ab ... -> MODEL.gguf). Where a machine takes at most 64 MiB a call (SmolLM2's Q4_1
+# file is 98 MB): split it (split -b 48M), carry the first piece in one call and copy it to a folder
+# there (cp to /tmp/models), then, while that machine is still held, carry the second in the next call,
+# copy it beside the first and run this script on /tmp/models/...part-aa. The gguf package (the size
+# and tests phases) and the serve extra travel as wheels if the machine lacks them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
