@@ -199,6 +199,14 @@ def test_stories_logits_generate_and_batch(stories_path, dtype, mm_path):
         assert [(g.token_ids, g.logits_hash) for g in got] == [(s.token_ids, s.logits_hash) for s in solo]
 
 
+def test_long_context_attention(stories_path):
+    """Attention over more positions than a block holds at once (kernels.cu ACHUNK, 512): 1,100
+    positions, whole, in chunks of 300 and then decoded, the CPU's bits."""
+    cpu, gpu = cpu_and_gpu(stories_path, "fp16")
+    ids = [int(i) for i in np.random.default_rng(0).integers(3, 512, 1100)]
+    check_same_logits(cpu, gpu, ids, chunks=(300,))
+
+
 def test_stories_golden_hashes(stories_path):
     """tests/golden/stories260k.json (the first case pinned to llama2.c's published text) on the
     emulated GPU (or DEVICE), every fp32 case again with native storage."""

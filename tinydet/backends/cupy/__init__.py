@@ -91,12 +91,12 @@ class CudaKVCache(KVCache):
 
 
 class _Workspace:
-    """The device buffers of one pass shape: T tokens, R logits rows, ncols score columns."""
+    """The device buffers of one pass shape: T tokens, R logits rows."""
 
-    def __init__(self, xp, cfg: ModelConfig, T: int, R: int, ncols: int):
+    def __init__(self, xp, cfg: ModelConfig, T: int, R: int):
         f32, i64 = np.float32, np.int64
-        dim, H = cfg.dim, cfg.n_heads
-        self.T, self.R, self.ncols = T, R, ncols
+        dim = cfg.dim
+        self.T, self.R = T, R
         self.ids, self.pos, self.slots = (xp.zeros(T, i64) for _ in range(3))
         self.rows = xp.zeros(max(R, 1), i64)
         self.x, self.h, self.proj = (xp.empty((T, dim), f32) for _ in range(3))
@@ -104,7 +104,6 @@ class _Workspace:
         self.q, self.att = (xp.empty((T, cfg.q_dim), f32) for _ in range(2))
         self.gu = xp.empty((T, 2 * cfg.ffn_dim), f32)
         self.a = xp.empty((T, cfg.ffn_dim), f32)
-        self.scores = xp.empty((T * H, ncols), f32)
         self.xr = xp.empty((max(R, 1), dim), f32)
         self.logits = xp.empty((max(R, 1), cfg.vocab_size), f32)
         self.inv = xp.empty(max(T, R, 1), f32)  # RMSNorm's 1 / rms per row
@@ -203,12 +202,11 @@ class CudaBackend(Backend):
         with self._lock, self.dev.context():
             self._rope(cache.capacity if decode else int(b.pos.max()) + 1)
             if decode:
-                # Decode workspaces keep their shape from step to step (scores as wide as the cache),
-                # so that a captured graph can replay them; the arithmetic is the same at any width.
+                # Decode workspaces stay from step to step, so that a captured graph can replay them.
                 ws = cache.graphs.get((T, R))
                 if ws is None or ws.rope_n != self._rope_n:  # new shape, or the RoPE tables moved
                     with _fits(self.dev, f"the buffers of a pass of {T} tokens"):
-                        ws = cache.graphs[(T, R)] = _Workspace(self.dev.xp, cfg, T, R, cache.capacity)
+                        ws = cache.graphs[(T, R)] = _Workspace(self.dev.xp, cfg, T, R)
                     ws.graph, ws.rope_n = None, self._rope_n
                 self._inputs(ws, b)
                 if self.graphs and ws.graph is None:
@@ -219,7 +217,7 @@ class CudaBackend(Backend):
                     self._pass(ws, cache, None, b)
             else:
                 with _fits(self.dev, f"the buffers of a pass of {T} tokens"):
-                    ws = _Workspace(self.dev.xp, cfg, T, R, int(b.pos.max()) + 1)
+                    ws = _Workspace(self.dev.xp, cfg, T, R)
                 self._inputs(ws, b)
                 self._pass(ws, cache, hook, b)
             logits = self.dev.to_host(ws.logits[:R]) if R else np.zeros((0, cfg.vocab_size), np.float32)
@@ -365,4 +363,4 @@ class CudaBackend(Backend):
         threads = max(BLOCK, -(-(hd + 1) // 32) * 32)  # a thread per d and one for the denominator
         self.dev.launch("attend", (T * H,), (threads,),
                         (ws.q, T, H, cfg.n_kv_heads, hd, kc, vc, half, tiles, cap, ws.pos, ws.slots, self._scale,
-                         window, ws.scores, ws.ncols, ws.att))
+                         window, ws.att))

@@ -598,27 +598,36 @@ DEV int first_pos(i64 n, int window) { return window > 0 && n - window > 0 ? (in
 
 #define AMAX_HD 256        // the largest head_dim `attend` takes (the backend refuses larger)
 #define AMAX_THREADS 1024
+#define ACHUNK 512         // positions whose exponentials a block holds at once
+
+// q.k for position p: (Kahan over d in order of q[d] k[p, d]) * scale.
+DEV float score(const float* sq, const void* kc, i64 kbase, i64 p, int hd, int half, float scale) {
+    const i64 kb = kbase + (p / 64) * hd * 64 + p % 64;
+    float s = 0.0f, c = 0.0f;
+    UNROLL16 for (int d = 0; d < hd; d++) KAHAN(sq[d] * cache_at(kc, kb + (i64)d * 64, half), s, c);
+    return s * scale;
+}
 
 // Row t = blockIdx.x / H, head h = blockIdx.x % H, one thread block (more threads than head_dim):
-// scores[t, h, p] = (Kahan over d in order of q[t, h, d] k[p, d]) * scale, positions spread over the
-// threads; m = the largest score (a float64 holding a float32, -inf if none is greater: the order of
-// the comparisons does not matter, only a zero's sign could differ and exp(s - m) does not see it);
-// scores = exp32(scores - m) with the difference taken in float64; then at once, thread d < head_dim:
-// the Kahan sum over positions in order of e_p v[p, d], and thread head_dim: the denominator, the Kahan
-// sum of the e_p in order; out = sum / den. scores (T, H, ncols) float32 holds the scores, then their
-// exponentials.
+// m = the largest score (a float64 holding a float32, -inf if none is greater: the order of the
+// comparisons does not matter, only a zero's sign could differ and exp(s - m) does not see it), the
+// scores spread over the threads; then, ACHUNK positions at a time, e_p = exp32(score_p - m) with the
+// difference taken in float64 (each score computed again, the same operations) into shared memory, and
+// thread d < head_dim continues the Kahan sum over positions in order of e_p v[p, d], thread head_dim
+// the denominator's, the Kahan sum of the e_p in order; out = sum / den. Nothing per position is kept
+// beyond a chunk, so a block's memory does not grow with the context.
 BLOCK_KERNEL attend(const float* q, int T, int H, int n_kv, int hd, const void* kc, const void* vc, int half,
                     int tiles, int cap, const long long* pos, const long long* slot, float scale, int window,
-                    float* scores, int ncols, float* out) {
+                    float* out) {
     SHARED float sq[AMAX_HD];
-    SHARED float num[AMAX_HD];
+    SHARED float se[ACHUNK];
+    SHARED float num[AMAX_HD + 1];  // the sums, and the denominator at [hd]
     SHARED double red[AMAX_THREADS];
     SHARED double smax;
-    SHARED float sden;
+    PER_THREAD(float, acc, [2]);  // this thread's (s, c)
     const i64 th = blockIdx.x, t = th / H, h = th % H, n = pos[t] + 1, g = h / (H / n_kv);
     const i64 lo = first_pos(n, window), kv_dim = (i64)n_kv * hd;
     const i64 kbase = (slot[t] * n_kv + g) * tiles * hd * 64, vbase = slot[t] * cap * kv_dim + g * hd;
-    float* sr = scores + th * ncols;
     FOR_THREADS {
         for (int d = (int)threadIdx.x; d < hd; d += (int)blockDim.x) sq[d] = q[(t * H + h) * hd + d];
     }
@@ -626,13 +635,12 @@ BLOCK_KERNEL attend(const float* q, int T, int H, int n_kv, int hd, const void* 
     FOR_THREADS {
         double mx = -as_double(0x7FF0000000000000LL);  // -inf
         for (i64 p = lo + threadIdx.x; p < n; p += blockDim.x) {
-            const i64 kb = kbase + (p / 64) * hd * 64 + p % 64;
-            float s = 0.0f, c = 0.0f;
-            UNROLL16 for (int d = 0; d < hd; d++) KAHAN(sq[d] * cache_at(kc, kb + (i64)d * 64, half), s, c);
-            sr[p] = s * scale;
-            if ((double)sr[p] > mx) mx = (double)sr[p];
+            const double e = (double)score(sq, kc, kbase, p, hd, half, scale);
+            if (e > mx) mx = e;
         }
         red[threadIdx.x] = mx;
+        MY(acc)[0] = 0.0f;
+        MY(acc)[1] = 0.0f;
     }
     SYNC;
     FOR_THREADS {
@@ -643,24 +651,32 @@ BLOCK_KERNEL attend(const float* q, int T, int H, int n_kv, int hd, const void* 
         }
     }
     SYNC;
-    FOR_THREADS {
-        for (i64 p = lo + threadIdx.x; p < n; p += blockDim.x) sr[p] = (float)exp64((double)sr[p] - smax);
-    }
-    SYNC;
-    FOR_THREADS {
-        const int d = (int)threadIdx.x;
-        float s = 0.0f, c = 0.0f;
-        if (d < hd) {
-            UNROLL16 for (i64 p = lo; p < n; p++) KAHAN(sr[p] * cache_at(vc, vbase + p * kv_dim + d, half), s, c);
-            num[d] = s;
-        } else if (d == hd) {
-            UNROLL16 for (i64 p = lo; p < n; p++) KAHAN(sr[p], s, c);
-            sden = s;
+    for (i64 p0 = lo; p0 < n; p0 += ACHUNK) {
+        const int pn = n - p0 < ACHUNK ? (int)(n - p0) : ACHUNK;
+        FOR_THREADS {
+            for (int i = (int)threadIdx.x; i < pn; i += (int)blockDim.x)
+                se[i] = (float)exp64((double)score(sq, kc, kbase, p0 + i, hd, half, scale) - smax);
         }
+        SYNC;
+        FOR_THREADS {
+            const int d = (int)threadIdx.x;
+            float s = MY(acc)[0], c = MY(acc)[1];
+            if (d < hd) {
+                UNROLL16 for (int i = 0; i < pn; i++) KAHAN(se[i] * cache_at(vc, vbase + (p0 + i) * kv_dim + d, half), s, c);
+            } else if (d == hd) {
+                UNROLL16 for (int i = 0; i < pn; i++) KAHAN(se[i], s, c);
+            }
+            MY(acc)[0] = s;
+            MY(acc)[1] = c;
+        }
+        SYNC;
+    }
+    FOR_THREADS {
+        if ((int)threadIdx.x <= hd) num[threadIdx.x] = MY(acc)[0];
     }
     SYNC;
     FOR_THREADS {
-        for (int d = (int)threadIdx.x; d < hd; d += (int)blockDim.x) out[(t * H + h) * hd + d] = num[d] / sden;
+        for (int d = (int)threadIdx.x; d < hd; d += (int)blockDim.x) out[(t * H + h) * hd + d] = num[d] / num[hd];
     }
 }
 
