@@ -261,11 +261,12 @@ template <int KIND> DEV void wblock(const W& w, i64 n, int b, float* v) {
 // c0 <= c0 + n < n1, per output: s = c = 0; for each k-block [k0, k0 + 64): part = 0, then
 // part = part + w * x for k in order; then the Kahan step of (part) into (s, c). Each k-block's part
 // is a chain of its own, and only the Kahan steps must follow k-block order, so the product is tiled
-// like any other: `gemm` (many rows) stages a 64 x 64 tile of x and of W (quantized blocks dequantized
-// by `wat`) per k-block in shared memory, and each thread runs the k-block's 64-long chains of its
-// 4 x 4 (row, output) pairs and their Kahan steps; `gemv` (a few rows: decode, small batches) reads
-// each weight once: a block owns `tn` outputs, its threads run all their (output, k-block) chains at
-// once into shared memory, and then one thread per (row, output) takes the Kahan steps in order.
+// like any other: `gemm` (many rows) stages a 64 x 64 tile of x and of W (quantized blocks decoded by
+// `wblock`, a thread per block of 32) per k-block in shared memory, and each thread runs the k-block's
+// 64-long chains of its 4 x 4 (row, output) pairs and their Kahan steps; `gemv` (a few rows: decode,
+// small batches) reads each weight once: a block owns `tn` outputs, its threads run all their (output,
+// k-block) chains at once into shared memory, and then one thread per (row, output) takes the Kahan
+// steps in order.
 //
 // Both can take, instead of x, RMSNorm's output (x[t, k] * inv[t]) * nw[k] computed as they load it
 // (`norm`; rms_scale's operations), and end in an epilogue `epi`: 0 out = s; 1 out = s + bias[col]
@@ -387,6 +388,7 @@ DEV void rms_inv_block(const float* x, int K, int rows, float eps, float* sinv) 
     }
     SYNC;
 }
+
 #define VPART 8192    // gemv's shared floats for the chains' sums: rows x k-blocks x tn (the host keeps to it)
 
 template <int KIND> DEV void gemv(const float* x, int T, int K, const W& w, int c0, int n1, float* out, int ldo,
