@@ -31,7 +31,8 @@ from contract import bits
 from test_native import NATIVE, random_blocks
 from test_native_model import PLANS, requantized
 from tinydet.backends import open_device
-from tinydet.backends.cpu import layout
+from test_intdot import tricky_rows
+from tinydet.backends.cpu import intpanels, layout
 from tinydet.backends.cpu.loaders import embed as cpu_embed
 from tinydet.backends.cpu.matmul import matmul as cpu_matmul
 from tinydet.backends.cpu.ops import rmsnorm as cpu_rmsnorm
@@ -149,6 +150,95 @@ def test_product_float32_scales_and_mixed_storage(dev, mm_path):
             cpu_matmul(x, make(key, n, i + 10 * li)(), n, out)
             want.append(out)
         same(product(dev, x, mixed, 256, layer=li), np.concatenate(want, axis=1), f"mixed layer {li}")
+
+
+INT_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "MXFP4", "Q4_K", "Q5_K", "Q6_K"]
+
+
+def int_panels(name, n, k, seed, nonfinite=False):
+    return intpanels.from_qpanels(layout.pack_quantized(random_blocks(name, n, k, seed=seed, nonfinite=nonfinite)
+                                                        .reshape(-1), GGML_TYPE_IDS[name], k))
+
+
+def int_rows(rows, k, seed, tricky=True):
+    """actq's edge cases (test_intdot.tricky_rows; else normals of a random scale per row), and with 9
+    rows or more a NaN block and an infinite one (their rows' outputs NaN), beside ordinary rows of
+    other magnitudes."""
+    rng = np.random.default_rng(seed)
+    if tricky:
+        x = tricky_rows(rng, rows, k)
+    else:
+        x = (rng.standard_normal((rows, k)) * np.exp2(rng.integers(-8, 8, (rows, 1)))).astype(np.float32)
+    if rows >= 9:
+        x[1, 40] = np.nan
+        x[2, k - 3] = -np.inf
+    if rows >= 4:
+        x[3] = rng.standard_normal(k).astype(np.float32) * np.float32(1e-3)
+    return x
+
+
+@pytest.mark.parametrize("rows", [1, 3, 9])
+@pytest.mark.parametrize("name", INT_TYPES)
+def test_int8_product_every_type(dev, name, rows):
+    """dtype "int8": the integer products (kernels.cu act_quant, imm_*) give the CPU's bits, non-finite
+    scales and activation blocks included; 32-blocks over more than a chunk of blocks (ICHUNK) ending in
+    half a 64-block, super-blocks over more than a chunk; two groups of rows (IROWS); threads and blocks
+    run in reverse the same."""
+    kq = name in ("Q4_K", "Q5_K", "Q6_K")
+    for n, k, nonfinite in (((100, 512, True), (70, 8448, False)) if kq else ((100, 160, True), (100, 1120, False))):
+        w = int_panels(name, n, k, rows, nonfinite=nonfinite)
+        x = int_rows(rows, k, rows, tricky=nonfinite)
+        want = np.full((rows, n), np.nan, np.float32)
+        cpu_matmul(x, w, n, want)
+        assert np.isfinite(want).sum() > want.size // 5
+        same(product(dev, x, w, n), want, f"{name} K={k}")
+        if rows == 9 and DEVICE == "cuda-host":
+            same(product(HostDevice(reverse=True), x, w, n), want, f"{name} K={k} in reverse")
+
+
+@pytest.mark.parametrize("rows", [1, 9])
+@pytest.mark.parametrize("name", ["Q4_1", "Q6_K"])
+def test_int8_product_fused_steps(dev, name, rows):
+    """RMSNorm normalized as the quantization loads x (the CPU quantizes RMSNorm's output), the bias and
+    a residual add in the integer products' epilogues."""
+    rng = np.random.default_rng(rows)
+    n, k = 100, 512
+    x = (rng.standard_normal((rows, k)) * 3).astype(np.float32)
+    nw = rng.standard_normal(k).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    resid = rng.standard_normal((rows, n)).astype(np.float32)
+    w = int_panels(name, n, k, rows)
+    h = np.empty_like(x)
+    cpu_rmsnorm(x, nw, np.float32(1e-5), h)
+    prod = np.full((rows, n), np.nan, np.float32)
+    cpu_matmul(h, w, n, prod)
+    same(product(dev, x, w, n, norm=(nw, 1e-5)), prod, "RMSNorm fused")
+    same(product(dev, x, w, n, norm=(nw, 1e-5), bias=bias), prod + bias, "with the bias")
+    plain = np.full((rows, n), np.nan, np.float32)
+    cpu_matmul(x, w, n, plain)
+    same(product(dev, x, w, n, out=resid), resid + plain, "added to a residual")
+
+
+@pytest.mark.parametrize("mix", ["Q4_K+Q8_0+f16+f32"])
+def test_int8_mixed_kinds(dev, mix, mm_path):
+    """A kind of mixed types in the integer mode (MixedPanels of IntPanels and float parts): both block
+    sizes' quants made once, each integer segment by its kernel, float segments by gemv / gemm."""
+    from test_intmixed import MIXES, _mixed_mm, segment
+    from tinydet.backends.cpu.matmul import MM_PLAIN
+    from tinydet.backends.cpu.ops import SILU
+    from tinydet.backends.cpu.weights import _integer
+
+    k, plan = MIXES[mix]
+    segs = [[segment(name, rows, k, seed=10 * li + s) for s, (name, rows) in enumerate(layer)]
+            for li, layer in enumerate(plan)]
+    mp = _integer(layout.pack_mixed([[seg for seg, _ in layer] for layer in segs], k))
+    st = layout.as_storage(mp)
+    for li in range(len(plan)):
+        for T in (1, 9):
+            x = int_rows(T, k, li)
+            want = np.full((T, mp.n), np.nan, np.float32)
+            _mixed_mm(x, st, li, mp.n, want, 1, MM_PLAIN, want, SILU)
+            same(product(dev, x, mp, mp.n, layer=li), want, f"{mix} layer {li} T={T}")
 
 
 @pytest.mark.parametrize("name", NATIVE + ["f32", "f16", "rows_f32", "rows_f16"])
