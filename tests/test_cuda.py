@@ -3,9 +3,9 @@
 1. Its kernels' arithmetic: kernels.cu built by the host's C++ compiler into the serial emulator
    (`--device cuda-host`; TINYDET_TEST_DEVICE=cuda runs this section on a real GPU instead, as
    tools/gpu_check.sh does) must give the CPU backend's bits: the matrix product and the embedding for
-   every storage type (special and non-finite scales included), and whole models: every architecture's
-   tiny checkpoint, fp32/fp16/native, whole and chunked prefill, decode, batches, traces, the golden
-   hashes of stories260K, and `verify`.
+   every storage type (special and non-finite scales included), the int8 mode's integer products of
+   every integer type, and whole models: every architecture's tiny checkpoint, fp32/fp16/native/int8,
+   whole and chunked prefill, decode, batches, traces, the golden hashes of stories260K, and `verify`.
 2. NVRTC's code for it (the cuda-bindings and nvidia-cuda-nvrtc-cu12 wheels compile to PTX with no GPU):
    every kernel is there, with no fused multiply-add, no approximate or flush-to-zero instruction and
    every float add, subtract, multiply and divide rounded to nearest (`.rn`); the lint is shown to fail
@@ -32,6 +32,7 @@ from test_native import NATIVE, random_blocks
 from test_native_model import PLANS, requantized
 from tinydet.backends import open_device
 from test_intdot import tricky_rows
+from test_intmixed import q4_k_m  # noqa: F401 (a fixture)
 from tinydet.backends.cpu import intpanels, layout
 from tinydet.backends.cpu.loaders import embed as cpu_embed
 from tinydet.backends.cpu.matmul import matmul as cpu_matmul
@@ -305,6 +306,19 @@ def test_requantized_stories_native(tmp_path, stories_path, plan):
     check_same_logits(cpu, gpu, cpu.tokenize(PROMPT), chunks=(7,))
 
 
+@pytest.mark.parametrize("plan", ["Q4_1 + Q8_0 table + F16 output", "Q5_0", "mixed per layer, MXFP4", "mixed runs in qkv",
+                                  "mixed within qkv", "Q5_1"])
+def test_requantized_stories_int8(tmp_path, stories_path, plan):
+    """dtype "int8": integer products (and the float ones of kinds the integer mode keeps in floats),
+    the Q8_0 table's rows, whole and chunked prefill and decode, with the CPU's bits."""
+    path = requantized(tmp_path, stories_path, PLANS[plan])
+    cpu, gpu = cpu_and_gpu(path, "int8")
+    assert gpu.backend.storage() == cpu.backend.storage()
+    if plan != "Q5_1":
+        assert any(":int8" in v for v in cpu.backend.storage().values())
+    check_same_logits(cpu, gpu, cpu.tokenize(PROMPT), chunks=(7,))
+
+
 @pytest.fixture(scope="module")
 def tiny_archs(tmp_path_factory):
     """{name: (gguf path, its quantized twin)}: Qwen2 (biases), Qwen3 (QK-norm), Llama 3 (scaled RoPE),
@@ -331,6 +345,21 @@ def test_tiny_architectures(tiny_archs, arch):
     for path, dtype in ((f32_file, "fp32"), (f32_file, "fp16"), (quant_file, "native")):
         cpu, gpu = cpu_and_gpu(path, dtype)
         check_same_logits(cpu, gpu, cpu.tokenize(text), chunks=(3,))  # chunks across Gemma 3's window of 8
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama3", "mistral", "phi3", "gemma3"])
+def test_tiny_architectures_int8(tiny_archs, arch):
+    cpu, gpu = cpu_and_gpu(tiny_archs[arch][1], "int8")
+    assert any(":int8" in v for v in cpu.backend.storage().values())
+    text = "The quick brown fox jumps over the lazy dog, and the dog does not mind: it is a lazy dog."
+    check_same_logits(cpu, gpu, cpu.tokenize(text), chunks=(3,))
+
+
+def test_q4_k_m_int8(q4_k_m):
+    """A tiny Q4_K_M (Q4_K and Q6_K kinds, mixed per layer and within wqkv; a Q6_K output) in integers."""
+    cpu, gpu = cpu_and_gpu(q4_k_m, "int8")
+    assert cpu.backend.storage()["w2"] == "Q4_K:int8+Q6_K:int8"
+    check_same_logits(cpu, gpu, cpu.tokenize(PROMPT), chunks=(5,))
 
 
 def test_gemma3_q4_k_m_native(gemma3_path):
@@ -429,6 +458,24 @@ def test_decode_graphs_replay_the_cpu_bits(stories_path, dtype):
     got = gpu.generate_batch(reqs, max_batch=3)
     assert [(g.token_ids, g.logits_hash) for g in got] == [(g.token_ids, g.logits_hash) for g in (cpu.generate(**r) for r in reqs)]
     assert dev.captures >= 4 and dev.replays > 10 * dev.captures
+
+
+def test_int8_decode_graphs_replay_the_cpu_bits(tmp_path, stories_path):
+    """The int8 mode's decode graphs: the quantized activations' buffers are the workspace's own."""
+    from tinydet.backends.cupy import CudaBackend
+    from tinydet.formats import open_checkpoint
+
+    path = requantized(tmp_path, stories_path, PLANS["Q4_1 + Q8_0 table + F16 output"])
+    cpu = tinydet.load(path, dtype="int8", threads=2)
+    dev = GraphDevice()
+    ck = open_checkpoint(path)
+    gpu = tinydet.Model(ck.path, CudaBackend(ck.config, ck.tensors, "int8", 1, dev), ck.tokenizer, ck.metadata)
+    check_same_logits(cpu, gpu, cpu.tokenize(PROMPT), chunks=(6,))
+    reqs = [dict(prompt=p, max_tokens=12 + 3 * i, temperature=0.8 * (i % 2), seed=i)
+            for i, p in enumerate([PROMPT, "The dog", "Lily and Ben"])]
+    got = gpu.generate_batch(reqs, max_batch=2)
+    assert [(g.token_ids, g.logits_hash) for g in got] == [(g.token_ids, g.logits_hash) for g in (cpu.generate(**r) for r in reqs)]
+    assert dev.captures >= 2 and dev.replays > 5 * dev.captures
 
 
 def test_trace_equals_cpu_trace(stories_path, tmp_path):

@@ -541,11 +541,15 @@ DEV u32 bits6(u32 h, int odd) {
     for (int i = 0; i < 4; i++) o |= ((h >> (4 * i + 2 * odd)) & 3u) << (8 * i + 4);
     return o;
 }
-// MXFP4 codes (one per byte) -> their signed kvalues' bytes
+// MXFP4 codes (one per byte) -> their signed kvalues' bytes (0, 1, 2, 3, 4, 6, 8, 12, then negated):
+// the magnitude m + (m > 4 ? m - 4 : 0) + (m == 7 ? 2 : 0) of m = code & 7, negative where bit 3 is set
 DEV u32 mxbytes(u32 w) {
-    const int kv[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
     u32 o = 0u;
-    for (int i = 0; i < 4; i++) o |= ((u32)kv[(w >> (8 * i)) & 15u] & 0xFFu) << (8 * i);
+    for (int i = 0; i < 4; i++) {
+        const int c = (int)((w >> (8 * i)) & 15u), m = c & 7;
+        const int mag = m + (m > 4 ? m - 4 : 0) + (m == 7 ? 2 : 0);
+        o |= ((u32)(c & 8 ? -mag : mag) & 0xFFu) << (8 * i);
+    }
     return o;
 }
 
