@@ -504,6 +504,33 @@ def test_trace_equals_cpu_trace(stories_path, tmp_path):
     assert not np.array_equal(bits(outs[0]), bits(cpu.logits(ids)))
 
 
+def test_int8_trace_and_hooks(tmp_path, stories_path):
+    """int8 with a hook after every op (RMSNorm unfused, its output quantized by the product): the
+    CPU's bits op by op, and a hook's change reaches the integer products on the device as on the CPU."""
+    path = requantized(tmp_path, stories_path, PLANS["mixed runs in qkv"])
+    cpu, gpu = cpu_and_gpu(path, "int8")
+    ids = cpu.tokenize(PROMPT)
+    paths = []
+    for m in (cpu, gpu):
+        p = tmp_path / f"{m.backend.name}.jsonl"
+        write_trace(p, m, ids, run_trace(m, ids, 5), {"chunk": 5})
+        paths.append(p)
+    d = diff_traces(*paths)
+    assert d["identical"] and d["n_compared"] > 100
+
+    def fault(layer, op, pos, slots, rows):
+        if layer == 1 and op == "ffn_norm":
+            rows[:, 7] += 1.0
+
+    outs = []
+    for m in (cpu, gpu):
+        m.backend.hooks.append(fault)
+        outs.append(m.logits(ids))
+        m.backend.hooks.clear()
+    same(outs[1], outs[0], "with a fault")
+    assert not np.array_equal(bits(outs[0]), bits(cpu.logits(ids)))
+
+
 def test_verify_on_the_emulated_gpu(stories_path):
     r = CliRunner().invoke(main, ["verify", "--model", str(stories_path), "--device", DEVICE, "--dtype", "fp32",
                                   "--dtype", "fp16", "--new-tokens", "8", "--json"])

@@ -10,7 +10,8 @@ GPU's: the products tiled through shared memory (gemm) or reading each weight on
 (gemv), attention a thread block per row and head, and without a hook the small steps fused into
 their neighbours (`CudaBackend._pass`). The weights are the CPU backend's packed weights
 (`cpu.weights.CPUWeights`: the same panels, quantized blocks dequantized inside the kernels), copied to
-the device. Decode steps (one token per item, no hook) on a GPU replay a CUDA graph captured on the
+the device; in dtype "int8" the integer kinds' products are the CPU's integer block dots (`intproducts`:
+activations quantized per block, `__dp4a`, each output the Kahan sum of its blocks' terms in order). Decode steps (one token per item, no hook) on a GPU replay a CUDA graph captured on the
 first step of each shape.
 """
 

@@ -1,6 +1,7 @@
 """The matrix products and embeddings of the GPU backend, host side: a packed matrix kind on the device
 (`_Matrix`: one launch per storage run of a layer), which kernel runs a product (gemv for a few rows,
-gemm's tiles for more) and its launch shape, and `product` / `embed` for the tests."""
+gemm's tiles for more) and its launch shape, and `product` / `embed` for the tests. Integer parts (dtype
+"int8") are launched by `intproducts.int_mm`."""
 
 from __future__ import annotations
 
