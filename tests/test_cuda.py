@@ -3,9 +3,9 @@
 1. Its kernels' arithmetic: kernels.cu built by the host's C++ compiler into the serial emulator
    (`--device cuda-host`; TINYDET_TEST_DEVICE=cuda runs this section on a real GPU instead, as
    tools/gpu_check.sh does) must give the CPU backend's bits: the matrix product and the embedding for
-   every storage type (special and non-finite scales included), and whole models: every architecture's
-   tiny checkpoint, fp32/fp16/native, whole and chunked prefill, decode, batches, traces, the golden
-   hashes of stories260K, and `verify`.
+   every storage type (special and non-finite scales included), the int8 mode's integer products of
+   every integer type, and whole models: every architecture's tiny checkpoint, fp32/fp16/native/int8,
+   whole and chunked prefill, decode, batches, traces, the golden hashes of stories260K, and `verify`.
 2. NVRTC's code for it (the cuda-bindings and nvidia-cuda-nvrtc-cu12 wheels compile to PTX with no GPU):
    every kernel is there, with no fused multiply-add, no approximate or flush-to-zero instruction and
    every float add, subtract, multiply and divide rounded to nearest (`.rn`); the lint is shown to fail
@@ -31,7 +31,9 @@ from contract import bits
 from test_native import NATIVE, random_blocks
 from test_native_model import PLANS, requantized
 from tinydet.backends import open_device
-from tinydet.backends.cpu import layout
+from test_intdot import tricky_rows
+from test_intmixed import q4_k_m  # noqa: F401 (a fixture)
+from tinydet.backends.cpu import intpanels, layout
 from tinydet.backends.cpu.loaders import embed as cpu_embed
 from tinydet.backends.cpu.matmul import matmul as cpu_matmul
 from tinydet.backends.cpu.ops import rmsnorm as cpu_rmsnorm
@@ -151,6 +153,95 @@ def test_product_float32_scales_and_mixed_storage(dev, mm_path):
         same(product(dev, x, mixed, 256, layer=li), np.concatenate(want, axis=1), f"mixed layer {li}")
 
 
+INT_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "MXFP4", "Q4_K", "Q5_K", "Q6_K"]
+
+
+def int_panels(name, n, k, seed, nonfinite=False):
+    return intpanels.from_qpanels(layout.pack_quantized(random_blocks(name, n, k, seed=seed, nonfinite=nonfinite)
+                                                        .reshape(-1), GGML_TYPE_IDS[name], k))
+
+
+def int_rows(rows, k, seed, tricky=True):
+    """actq's edge cases (test_intdot.tricky_rows; else normals of a random scale per row), and with 9
+    rows or more a NaN block and an infinite one (their rows' outputs NaN), beside ordinary rows of
+    other magnitudes."""
+    rng = np.random.default_rng(seed)
+    if tricky:
+        x = tricky_rows(rng, rows, k)
+    else:
+        x = (rng.standard_normal((rows, k)) * np.exp2(rng.integers(-8, 8, (rows, 1)))).astype(np.float32)
+    if rows >= 9:
+        x[1, 40] = np.nan
+        x[2, k - 3] = -np.inf
+    if rows >= 4:
+        x[3] = rng.standard_normal(k).astype(np.float32) * np.float32(1e-3)
+    return x
+
+
+@pytest.mark.parametrize("rows", [1, 3, 9])
+@pytest.mark.parametrize("name", INT_TYPES)
+def test_int8_product_every_type(dev, name, rows):
+    """dtype "int8": the integer products (kernels.cu act_quant, imm_*) give the CPU's bits, non-finite
+    scales and activation blocks included; 32-blocks over more than a chunk of blocks (ICHUNK) ending in
+    half a 64-block, super-blocks over more than a chunk; two groups of rows (IROWS); threads and blocks
+    run in reverse the same."""
+    kq = name in ("Q4_K", "Q5_K", "Q6_K")
+    for n, k, nonfinite in (((100, 512, True), (70, 8448, False)) if kq else ((100, 160, True), (100, 1120, False))):
+        w = int_panels(name, n, k, rows, nonfinite=nonfinite)
+        x = int_rows(rows, k, rows, tricky=nonfinite)
+        want = np.full((rows, n), np.nan, np.float32)
+        cpu_matmul(x, w, n, want)
+        assert np.isfinite(want).sum() > want.size // 5
+        same(product(dev, x, w, n), want, f"{name} K={k}")
+        if rows == 9 and DEVICE == "cuda-host":
+            same(product(HostDevice(reverse=True), x, w, n), want, f"{name} K={k} in reverse")
+
+
+@pytest.mark.parametrize("rows", [1, 9])
+@pytest.mark.parametrize("name", ["Q4_1", "Q6_K"])
+def test_int8_product_fused_steps(dev, name, rows):
+    """RMSNorm normalized as the quantization loads x (the CPU quantizes RMSNorm's output), the bias and
+    a residual add in the integer products' epilogues."""
+    rng = np.random.default_rng(rows)
+    n, k = 100, 512
+    x = (rng.standard_normal((rows, k)) * 3).astype(np.float32)
+    nw = rng.standard_normal(k).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    resid = rng.standard_normal((rows, n)).astype(np.float32)
+    w = int_panels(name, n, k, rows)
+    h = np.empty_like(x)
+    cpu_rmsnorm(x, nw, np.float32(1e-5), h)
+    prod = np.full((rows, n), np.nan, np.float32)
+    cpu_matmul(h, w, n, prod)
+    same(product(dev, x, w, n, norm=(nw, 1e-5)), prod, "RMSNorm fused")
+    same(product(dev, x, w, n, norm=(nw, 1e-5), bias=bias), prod + bias, "with the bias")
+    plain = np.full((rows, n), np.nan, np.float32)
+    cpu_matmul(x, w, n, plain)
+    same(product(dev, x, w, n, out=resid), resid + plain, "added to a residual")
+
+
+@pytest.mark.parametrize("mix", ["Q4_K+Q8_0+f16+f32"])
+def test_int8_mixed_kinds(dev, mix, mm_path):
+    """A kind of mixed types in the integer mode (MixedPanels of IntPanels and float parts): both block
+    sizes' quants made once, each integer segment by its kernel, float segments by gemv / gemm."""
+    from test_intmixed import MIXES, _mixed_mm, segment
+    from tinydet.backends.cpu.matmul import MM_PLAIN
+    from tinydet.backends.cpu.ops import SILU
+    from tinydet.backends.cpu.weights import _integer
+
+    k, plan = MIXES[mix]
+    segs = [[segment(name, rows, k, seed=10 * li + s) for s, (name, rows) in enumerate(layer)]
+            for li, layer in enumerate(plan)]
+    mp = _integer(layout.pack_mixed([[seg for seg, _ in layer] for layer in segs], k))
+    st = layout.as_storage(mp)
+    for li in range(len(plan)):
+        for T in (1, 9):
+            x = int_rows(T, k, li)
+            want = np.full((T, mp.n), np.nan, np.float32)
+            _mixed_mm(x, st, li, mp.n, want, 1, MM_PLAIN, want, SILU)
+            same(product(dev, x, mp, mp.n, layer=li), want, f"{mix} layer {li} T={T}")
+
+
 @pytest.mark.parametrize("name", NATIVE + ["f32", "f16", "rows_f32", "rows_f16"])
 def test_embed_every_storage_type(dev, name):
     n, k = (70, 256) if name in ("Q4_K", "Q5_K", "Q6_K") else (70, 96)
@@ -223,6 +314,19 @@ def test_requantized_stories_native(tmp_path, stories_path, plan):
     check_same_logits(cpu, gpu, cpu.tokenize(PROMPT), chunks=(7,))
 
 
+@pytest.mark.parametrize("plan", ["Q4_1 + Q8_0 table + F16 output", "Q5_0", "mixed per layer, MXFP4", "mixed runs in qkv",
+                                  "mixed within qkv", "Q5_1"])
+def test_requantized_stories_int8(tmp_path, stories_path, plan):
+    """dtype "int8": integer products (and the float ones of kinds the integer mode keeps in floats),
+    the Q8_0 table's rows, whole and chunked prefill and decode, with the CPU's bits."""
+    path = requantized(tmp_path, stories_path, PLANS[plan])
+    cpu, gpu = cpu_and_gpu(path, "int8")
+    assert gpu.backend.storage() == cpu.backend.storage()
+    if plan != "Q5_1":
+        assert any(":int8" in v for v in cpu.backend.storage().values())
+    check_same_logits(cpu, gpu, cpu.tokenize(PROMPT), chunks=(7,))
+
+
 @pytest.fixture(scope="module")
 def tiny_archs(tmp_path_factory):
     """{name: (gguf path, its quantized twin)}: Qwen2 (biases), Qwen3 (QK-norm), Llama 3 (scaled RoPE),
@@ -249,6 +353,21 @@ def test_tiny_architectures(tiny_archs, arch):
     for path, dtype in ((f32_file, "fp32"), (f32_file, "fp16"), (quant_file, "native")):
         cpu, gpu = cpu_and_gpu(path, dtype)
         check_same_logits(cpu, gpu, cpu.tokenize(text), chunks=(3,))  # chunks across Gemma 3's window of 8
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama3", "mistral", "phi3", "gemma3"])
+def test_tiny_architectures_int8(tiny_archs, arch):
+    cpu, gpu = cpu_and_gpu(tiny_archs[arch][1], "int8")
+    assert any(":int8" in v for v in cpu.backend.storage().values())
+    text = "The quick brown fox jumps over the lazy dog, and the dog does not mind: it is a lazy dog."
+    check_same_logits(cpu, gpu, cpu.tokenize(text), chunks=(3,))
+
+
+def test_q4_k_m_int8(q4_k_m):
+    """A tiny Q4_K_M (Q4_K and Q6_K kinds, mixed per layer and within wqkv; a Q6_K output) in integers."""
+    cpu, gpu = cpu_and_gpu(q4_k_m, "int8")
+    assert cpu.backend.storage()["w2"] == "Q4_K:int8+Q6_K:int8"
+    check_same_logits(cpu, gpu, cpu.tokenize(PROMPT), chunks=(5,))
 
 
 def test_gemma3_q4_k_m_native(gemma3_path):
@@ -349,6 +468,24 @@ def test_decode_graphs_replay_the_cpu_bits(stories_path, dtype):
     assert dev.captures >= 4 and dev.replays > 10 * dev.captures
 
 
+def test_int8_decode_graphs_replay_the_cpu_bits(tmp_path, stories_path):
+    """The int8 mode's decode graphs: the quantized activations' buffers are the workspace's own."""
+    from tinydet.backends.cupy import CudaBackend
+    from tinydet.formats import open_checkpoint
+
+    path = requantized(tmp_path, stories_path, PLANS["Q4_1 + Q8_0 table + F16 output"])
+    cpu = tinydet.load(path, dtype="int8", threads=2)
+    dev = GraphDevice()
+    ck = open_checkpoint(path)
+    gpu = tinydet.Model(ck.path, CudaBackend(ck.config, ck.tensors, "int8", 1, dev), ck.tokenizer, ck.metadata)
+    check_same_logits(cpu, gpu, cpu.tokenize(PROMPT), chunks=(6,))
+    reqs = [dict(prompt=p, max_tokens=12 + 3 * i, temperature=0.8 * (i % 2), seed=i)
+            for i, p in enumerate([PROMPT, "The dog", "Lily and Ben"])]
+    got = gpu.generate_batch(reqs, max_batch=2)
+    assert [(g.token_ids, g.logits_hash) for g in got] == [(g.token_ids, g.logits_hash) for g in (cpu.generate(**r) for r in reqs)]
+    assert dev.captures >= 2 and dev.replays > 5 * dev.captures
+
+
 def test_trace_equals_cpu_trace(stories_path, tmp_path):
     """The traced pass (a hook after every op) records the CPU's bits op by op; a hook's change reaches
     the next op on the device as on the CPU."""
@@ -365,6 +502,33 @@ def test_trace_equals_cpu_trace(stories_path, tmp_path):
     def fault(layer, op, pos, slots, rows):
         if layer == 2 and op == "attn_norm":
             rows[:, 3] += 1.0
+
+    outs = []
+    for m in (cpu, gpu):
+        m.backend.hooks.append(fault)
+        outs.append(m.logits(ids))
+        m.backend.hooks.clear()
+    same(outs[1], outs[0], "with a fault")
+    assert not np.array_equal(bits(outs[0]), bits(cpu.logits(ids)))
+
+
+def test_int8_trace_and_hooks(tmp_path, stories_path):
+    """int8 with a hook after every op (RMSNorm unfused, its output quantized by the product): the
+    CPU's bits op by op, and a hook's change reaches the integer products on the device as on the CPU."""
+    path = requantized(tmp_path, stories_path, PLANS["mixed runs in qkv"])
+    cpu, gpu = cpu_and_gpu(path, "int8")
+    ids = cpu.tokenize(PROMPT)
+    paths = []
+    for m in (cpu, gpu):
+        p = tmp_path / f"{m.backend.name}.jsonl"
+        write_trace(p, m, ids, run_trace(m, ids, 5), {"chunk": 5})
+        paths.append(p)
+    d = diff_traces(*paths)
+    assert d["identical"] and d["n_compared"] > 100
+
+    def fault(layer, op, pos, slots, rows):
+        if layer == 1 and op == "ffn_norm":
+            rows[:, 7] += 1.0
 
     outs = []
     for m in (cpu, gpu):

@@ -133,10 +133,6 @@ def golden(model_name, check_path, write_path, overwrite, threads, no_native, de
     sha = get("fp32").sha256
     if check_path:
         data = read_golden(check_path)
-        skipped = [c for c in data["cases"] if device != "cpu" and c.get("dtype") == "int8"]
-        if skipped:
-            click.echo(f"{len(skipped)} int8 cases skipped: int8 runs on the CPU backend only")
-            data = {**data, "cases": [c for c in data["cases"] if c not in skipped]}
         bad = check_golden(get, data, sha, native=not no_native)
         for line in bad:
             click.echo(line)

@@ -10,8 +10,10 @@ GPU's: the products tiled through shared memory (gemm) or reading each weight on
 (gemv), attention a thread block per row and head, and without a hook the small steps fused into
 their neighbours (`CudaBackend._pass`). The weights are the CPU backend's packed weights
 (`cpu.weights.CPUWeights`: the same panels, quantized blocks dequantized inside the kernels), copied to
-the device. Decode steps (one token per item, no hook) on a GPU replay a CUDA graph captured on the
-first step of each shape.
+the device; in dtype "int8" the integer kinds' products are the CPU's integer block dots (`intproducts`:
+activations quantized per block, `__dp4a`, each output the Kahan sum of its blocks' terms in order).
+Decode steps (one token per item, no hook) on a GPU replay a CUDA graph captured on the first step of
+each shape.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from ..base import OPS, Backend, Hook, KVCache, plan_batch, split_logits
 from ..cpu.ops import GELU_B, GELU_K, ACTIVATIONS, ATILE, rope_tables
 from ..cpu.weights import DTYPES, MATRICES, CPUWeights
 from .device import CudaDevice, HostDevice
+from .intproducts import ActBuffers
 from .products import AMAX_HD, BLOCK, Matrix, blocks, embed, embed_rows, mm, product
 
 __all__ = ["CudaBackend", "CudaDevice", "HostDevice", "embed", "product"]
@@ -93,7 +96,7 @@ class CudaKVCache(KVCache):
 class _Workspace:
     """The device buffers of one pass shape: T tokens, R logits rows."""
 
-    def __init__(self, xp, cfg: ModelConfig, T: int, R: int):
+    def __init__(self, xp, cfg: ModelConfig, T: int, R: int, int8: bool = False):
         f32, i64 = np.float32, np.int64
         dim = cfg.dim
         self.T, self.R = T, R
@@ -107,20 +110,20 @@ class _Workspace:
         self.xr = xp.empty((max(R, 1), dim), f32)
         self.logits = xp.empty((max(R, 1), cfg.vocab_size), f32)
         self.inv = xp.empty(max(T, R, 1), f32)  # RMSNorm's 1 / rms per row
+        # the int8 mode's quantized activations (intproducts.ActBuffers): any product's input fits
+        self.act = ActBuffers(xp, max(T, R, 1), max(dim, cfg.q_dim, cfg.ffn_dim)) if int8 else None
 
 
 class CudaBackend(Backend):
     """A model packed for the GPU kernels: `CudaBackend(config, tensors, dtype, threads, device)` packs
-    the checkpoint as the CPU backend does ("fp32", "fp16" or "native") and copies it to `device` (a
-    `CudaDevice`, the default, or a `HostDevice`). `threads` is kept for the interface (host threads
-    play no part in the GPU's arithmetic)."""
+    the checkpoint as the CPU backend does ("fp32", "fp16", "native" or "int8") and copies it to
+    `device` (a `CudaDevice`, the default, or a `HostDevice`). `threads` is kept for the interface
+    (host threads play no part in the GPU's arithmetic)."""
 
     def __init__(self, config: ModelConfig, tensors: dict, dtype: str = "fp32", threads: int | None = None,
                  device=None):
         if dtype not in DTYPES:
             raise TinydetError(f"dtype: expected one of {', '.join(DTYPES)}, found {dtype!r}")
-        if dtype == "int8":
-            raise TinydetError("dtype int8 (integer block dots) runs on the CPU backend only, for now")
         if not config.dense_ffn:
             raise TinydetError(f"{config.arch}: mixtures of experts run on the CPU backend only, for now")
         # Flags kernels.cu does not implement: refused, never run as some other model.
@@ -206,7 +209,7 @@ class CudaBackend(Backend):
                 ws = cache.graphs.get((T, R))
                 if ws is None or ws.rope_n != self._rope_n:  # new shape, or the RoPE tables moved
                     with _fits(self.dev, f"the buffers of a pass of {T} tokens"):
-                        ws = cache.graphs[(T, R)] = _Workspace(self.dev.xp, cfg, T, R)
+                        ws = cache.graphs[(T, R)] = _Workspace(self.dev.xp, cfg, T, R, self.dtype == "int8")
                     ws.graph, ws.rope_n = None, self._rope_n
                 self._inputs(ws, b)
                 if self.graphs and ws.graph is None:
@@ -217,7 +220,7 @@ class CudaBackend(Backend):
                     self._pass(ws, cache, None, b)
             else:
                 with _fits(self.dev, f"the buffers of a pass of {T} tokens"):
-                    ws = _Workspace(self.dev.xp, cfg, T, R)
+                    ws = _Workspace(self.dev.xp, cfg, T, R, self.dtype == "int8")
                 self._inputs(ws, b)
                 self._pass(ws, cache, hook, b)
             logits = self.dev.to_host(ws.logits[:R]) if R else np.zeros((0, cfg.vocab_size), np.float32)
@@ -255,7 +258,7 @@ class CudaBackend(Backend):
     def _mm(self, ws: _Workspace, x, mat: Matrix, li, out, norm=None, bias=None, epi: int = 0) -> None:
         """`_mm` of layer li's matrix; norm: RMSNorm's weights (the product of RMSNorm(x))."""
         mm(self.dev, x, mat.layer(li), out, self._dummy, None if norm is None else (norm, self._eps), ws.inv,
-            bias, epi)
+           bias, epi, ws.act)
 
     def _rmsnorm(self, ws: _Workspace, x, w, out) -> None:
         T, D = x.shape

@@ -122,26 +122,43 @@ def _cached(name: str, key: str, make) -> Path:
     return path
 
 
+_MACROS = ("STORAGE_KERNELS", "INT_KERNELS")  # kernels.cu's kernel-making macros: MACRO(NAME, KIND) lines
+
+
+@lru_cache(maxsize=None)
+def _kernel_decls() -> list[tuple[bool, str, str]]:
+    """(is a BLOCK_KERNEL, name, parameter text) of every kernel in the source, those inside a macro of
+    _MACROS (`NAME_##NAME`) expanded for each of its MACRO(NAME, KIND) lines."""
+    src = source()
+    out = []
+    pattern = r"\b(BLOCK_)?KERNEL (\w+(?:##NAME)?)\(([^)]*)\)"
+    spans = []
+    for macro in _MACROS:
+        m = re.search(rf"^#define {macro}\(NAME, KIND\)(?:.*\\\n)*.*$", src, re.M)
+        if m is None:
+            continue
+        spans.append((m.start(), m.end()))
+        names = re.findall(rf"^{macro}\((\w+), \w+\)$", src, re.M)
+        for blk, name, params in re.findall(pattern, m.group(0)):
+            out += [(bool(blk), name.replace("##NAME", n), params) for n in names]
+    for m in re.finditer(pattern, src):
+        if not any(a <= m.start() < b for a, b in spans):
+            out.append((bool(m.group(1)), m.group(2), m.group(3)))
+    return out
+
+
 @lru_cache(maxsize=None)
 def block_kernels() -> frozenset[str]:
     """The BLOCK_KERNELs (expanded as in `signatures`): the emulator runs each of their blocks as one call."""
-    src = source()
-    names = re.findall(r"^STORAGE_KERNELS\((\w+), \w+\)$", src, re.M)
-    out = set()
-    for name in re.findall(r"\bBLOCK_KERNEL (\w+(?:##NAME)?)\(", src):
-        out.update([name.replace("##NAME", n) for n in names] if "##NAME" in name else [name])
-    return frozenset(out)
+    return frozenset(name for blk, name, _ in _kernel_decls() if blk)
 
 
 @lru_cache(maxsize=None)
 def signatures() -> dict[str, list[tuple[str, object, bool]]]:
     """Each kernel's parameters as (name, dtype or None for void*, is_pointer), from the source (the
-    storage kernels' `gemm_##NAME`, `gemv_##NAME` and `embed_##NAME` expanded for every STORAGE_KERNELS
-    line)."""
-    src = source()
-    names = re.findall(r"^STORAGE_KERNELS\((\w+), \w+\)$", src, re.M)
+    kernels a macro makes, `gemm_##NAME` and the like, expanded for every line that uses it)."""
     out = {}
-    for _, name, params in re.findall(r"\b(BLOCK_)?KERNEL (\w+(?:##NAME)?)\(([^)]*)\)", src):
+    for _, name, params in _kernel_decls():
         plist = []
         for p in " ".join(params.replace("\\", " ").split()).split(","):
             m = re.fullmatch(r"\s*(?:const )?([a-z ]+?)\s*(\*?)\s*(\w+)\s*", p)
@@ -152,8 +169,7 @@ def signatures() -> dict[str, list[tuple[str, object, bool]]]:
             if base not in table:
                 raise TinydetError(f"{SOURCE_PATH.name}: parameter {pname} of {name}: unsupported type {base}")
             plist.append((pname, table[base], bool(ptr)))
-        for full in ([name.replace("##NAME", n) for n in names] if "##NAME" in name else [name]):
-            out[full] = plist
+        out[name] = plist
     return out
 
 

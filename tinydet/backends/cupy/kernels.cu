@@ -33,6 +33,7 @@ typedef long long i64;
 DEV float as_float(u32 u) { return __uint_as_float(u); }
 DEV u32 as_u32(float f) { return __float_as_uint(f); }
 DEV double as_double(i64 u) { return __longlong_as_double(u); }
+DEV int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }  // c + the 4 signed byte products of a and b
 #else
 #include <math.h>
 #include <string.h>
@@ -60,6 +61,10 @@ static dim3 blockIdx, threadIdx, blockDim, gridDim;  // set by the emulator's la
 DEV float as_float(u32 u) { float f; memcpy(&f, &u, 4); return f; }
 DEV u32 as_u32(float f) { u32 u; memcpy(&u, &f, 4); return u; }
 DEV double as_double(i64 u) { double f; memcpy(&f, &u, 8); return f; }
+DEV int dp4a(int a, int b, int c) {  // __dp4a(int, int, int): c + sum of a's and b's signed bytes' products
+    for (int i = 0; i < 4; i++) c += (int)(signed char)(a >> (8 * i)) * (int)(signed char)(b >> (8 * i));
+    return c;
+}
 #endif
 
 // Thread indices (grids are one-dimensional but for the matrix product's rows, so that no count
@@ -155,7 +160,8 @@ DEV float scale_at(const void* a, i64 i, int is_f32) {
     return is_f32 ? ((const float*)a)[i] : f16_to_f32(((const u16*)a)[i]);
 }
 
-enum { F32P, F16P, F32R, F16R, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, MXFP4 };
+// Q8_0I: Q8_0 in the integer mode's layout (cpu/intpanels.py: qs (P, nb, 8, 32, 4)), for embeddings only.
+enum { F32P, F16P, F32R, F16R, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, MXFP4, Q8_0I };
 
 // A quantized 32-element block's values, in two steps: `qblock` loads what its elements share (scales,
 // high bits) once, `qel` makes element e from that and the element's low-bits word (the byte, for
@@ -171,7 +177,7 @@ template <int KIND> DEV void qblock(const W& w, i64 p, i64 j, int b, QB& o) {
     if (KIND == MXFP4) {  // d = 2^(e - 128) from the E8M0 byte's bits (ggml's E8M0_TO_FP32_HALF)
         u32 e = ((const unsigned char*)w.d)[bi];
         o.d = as_float(e < 2u ? 0x00200000u << e : (e - 1u) << 23);
-    } else if (KIND == Q8_0 || KIND == Q4_0 || KIND == Q4_1 || KIND == Q5_0) {
+    } else if (KIND == Q8_0 || KIND == Q8_0I || KIND == Q4_0 || KIND == Q4_1 || KIND == Q5_0) {
         o.d = scale_at(w.d, bi, d32);
         if (KIND == Q4_1) o.m = scale_at(w.m, bi, m32);
         if (KIND == Q5_0) o.h = ((const u32*)w.qh)[bi];
@@ -198,7 +204,7 @@ template <int KIND> DEV void qblock(const W& w, i64 p, i64 j, int b, QB& o) {
 }
 
 template <int KIND> DEV float qel(const QB& o, u32 word, u32 hword, int e) {
-    if (KIND == Q8_0) return (float)(signed char)(unsigned char)word * o.d;  // q * d
+    if (KIND == Q8_0 || KIND == Q8_0I) return (float)(signed char)(unsigned char)word * o.d;  // q * d
     const u32 lo = (word >> (4 * (e % 8))) & 15u;
     if (KIND == MXFP4) {  // d * kvalues_mxfp4[code] (code 8: +0)
         const int kv[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
@@ -217,6 +223,8 @@ template <int KIND> DEV float qel(const QB& o, u32 word, u32 hword, int e) {
 // high-bits word.
 template <int KIND> DEV u32 qword(const W& w, i64 p, i64 j, int b, int e) {
     if (KIND == Q8_0) return ((const unsigned char*)w.qs)[(p * w.K + b * 32 + e) * 32 + j];
+    if (KIND == Q8_0I)  // [p, b, 2g + h, j, i] = element 8g + 2i + h
+        return ((const unsigned char*)w.qs)[(((p * (w.K / 32) + b) * 8 + 2 * (e / 8) + (e % 2)) * 32 + j) * 4 + (e % 8) / 2];
     return ((const u32*)w.qs)[((p * (w.K / 32) + b) * 4 + e / 8) * 32 + j];
 }
 
@@ -485,6 +493,283 @@ STORAGE_KERNELS(q4_k, Q4_K)
 STORAGE_KERNELS(q5_k, Q5_K)
 STORAGE_KERNELS(q6_k, Q6_K)
 STORAGE_KERNELS(mxfp4, MXFP4)
+
+KERNEL embed_q8_0i(const long long* ids, int T, int K, const void* qs, const void* d, const void* m,
+                   const void* sc, const void* qh, int flags, long long p0, int c0, int n1, float* x) {
+    W w = {qs, d, m, sc, qh, K, flags, p0};
+    embed<Q8_0I>(ids, T, K, w, c0, n1, x);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The integer mode (dtype "int8"; cpu/actq.py, cpu/intdot.py). Activations are quantized per row in
+// blocks of B = 32 (or 256 beside the K-quants) by `act_quant`: amax the largest |x| bit pattern; a NaN
+// or infinity in the block: d = NaN, q = 0; amax < 2^-64: d = 0, q = 0; else d = amax / 127,
+// id = 127 / amax, q = (x * id + 1.5 * 2^23) - 1.5 * 2^23 clamped to [-127, 127]. Stored as the CPU
+// stores them: xq int8 in groups of 8 ordered (0, 2, 4, 6, 1, 3, 5, 7) (the weights' nibble order), xd
+// float32 per block, xs int32 the sums of q per 16. With `norm` x is RMSNorm's input and the block
+// quantizes its output (x * inv[t]) * nw[k] (rms_scale's operations), inv from rms_inv_rows.
+
+KERNEL act_quant(const float* x, int T, int K, int B, const float* nw, const float* inv, int norm, void* xq,
+                 float* xd, void* xs) {
+    const i64 i = GX, nblk = K / B, t = i / nblk;
+    if (t >= T) return;
+    const int k0 = (int)(i % nblk) * B;
+    const float* row = x + t * K;
+    signed char* q = (signed char*)xq + t * K;
+    u32 m = 0u;
+    for (int k = k0; k < k0 + B; k++) {
+        float v = norm ? (row[k] * inv[t]) * nw[k] : row[k];
+        u32 a = as_u32(v) & 0x7FFFFFFFu;
+        m = a > m ? a : m;
+    }
+    const float amax = as_float(m);
+    if (m >= 0x7F800000u || amax < as_float(0x1F800000u)) {  // 2^-64
+        xd[i] = m >= 0x7F800000u ? as_float(0x7FC00000u) : 0.0f;
+        for (int k = k0; k < k0 + B; k++) q[k] = 0;
+    } else {
+        xd[i] = amax / 127.0f;
+        const float id = 127.0f / amax;
+        for (int k = k0; k < k0 + B; k++) {
+            float v = norm ? (row[k] * inv[t]) * nw[k] : row[k];
+            float r = (v * id + 12582912.0f) - 12582912.0f;  // to nearest, ties to even
+            r = r < -127.0f ? -127.0f : (r > 127.0f ? 127.0f : r);
+            const int e = k & 7;
+            q[(k - e) + (e & 1) * 4 + (e >> 1)] = (signed char)(int)r;
+        }
+    }
+    int* s = (int*)xs + t * (K / 16);
+    for (int k = k0; k < k0 + B; k += 16) {
+        int a = 0;
+        for (int e = 0; e < 16; e++) a += q[k + e];
+        s[k / 16] = a;
+    }
+}
+
+// The integer products: per output and row, per block b of 32 (super-block of 256 for the K-quants)
+// isum (exact integers: `dp4a`, 4 bytes of weights times 4 of activations, signed; every weight byte
+// the kernels form is a signed value or an unsigned one <= 63) and
+//   f = float(isum) * (dw * dx)                                  Q8_0, Q4_0, Q5_0, MXFP4 (offsets in isum)
+//   f = float(isum) * (dw * dx) + float(bs) * (mw * dx)          Q4_1
+//   f = float(isum) * (d * dx) - float(msum) * (dmin * dx)       Q4_K, Q5_K (Q6_K: without msum)
+// each product rounded on its own, and the output the Kahan sum of the blocks' f in order (intdot.py).
+// `imm`: a block owns 32 outputs (one panel's rows, loads coalesced across them) and IROWS rows (grid
+// y: groups of rows); per chunk of ICHUNK blocks its threads compute the f of every (output, block)
+// for all its rows into shared memory, each weight block read once, then a thread per (row, output)
+// takes the chunk's Kahan steps in order; an epilogue `epi` as the float products'.
+
+#define IROWS 8
+#define IOUT 32
+#define ICHUNK 32
+#define ITHREADS 256  // IROWS x IOUT: the Kahan step's threads
+
+#define IS_K(KIND) (KIND == Q4_K || KIND == Q5_K || KIND == Q6_K)
+
+// 8 nibbles of a word (elements 8g .. 8g + 7 of a block) as two words of bytes: elements (0, 2, 4, 6)
+// and (1, 3, 5, 7); with `hb` (bit e of it: element 8g + e) a 5th bit at bit 4 of each byte.
+DEV u32 lo4(u32 w) { return w & 0x0F0F0F0Fu; }
+DEV u32 hi4(u32 w) { return (w >> 4) & 0x0F0F0F0Fu; }
+DEV u32 bit5(u32 hb, int odd) {
+    u32 o = 0u;
+    for (int i = 0; i < 4; i++) o |= ((hb >> (2 * i + odd)) & 1u) << (8 * i + 4);
+    return o;
+}
+// Q6_K's high 2 bits (bits 2e, 2e + 1 of h for element e of a group of 8) at bits 4, 5 of each byte
+DEV u32 bits6(u32 h, int odd) {
+    u32 o = 0u;
+    for (int i = 0; i < 4; i++) o |= ((h >> (4 * i + 2 * odd)) & 3u) << (8 * i + 4);
+    return o;
+}
+// MXFP4 codes (one per byte) -> their signed kvalues' bytes (0, 1, 2, 3, 4, 6, 8, 12, then negated):
+// the magnitude m + (m > 4 ? m - 4 : 0) + (m == 7 ? 2 : 0) of m = code & 7, negative where bit 3 is set
+DEV u32 mxbytes(u32 w) {
+    u32 o = 0u;
+    for (int i = 0; i < 4; i++) {
+        const int c = (int)((w >> (8 * i)) & 15u), m = c & 7;
+        const int mag = m + (m > 4 ? m - 4 : 0) + (m == 7 ? 2 : 0);
+        o |= ((u32)(c & 8 ? -mag : mag) & 0xFFu) << (8 * i);
+    }
+    return o;
+}
+
+// The f of block (super-block) u, row j of panel p, for rows tb .. tb + rows: f[r].
+template <int KIND> DEV void iunit(const W& w, i64 p, i64 j, int u, const int* xq, const float* xd, const int* xs,
+                                   int tb, int rows, float* f) {
+    const int K = w.K, nb = K / 32, kw = K / 4, k16 = K / 16;
+    const int d32 = w.flags & 1, m32 = (w.flags >> 1) & 1;
+    if (!IS_K(KIND)) {
+        const i64 bi = (p * nb + u) * 32 + j;
+        u32 a[4], b[4];  // the block's weight bytes: elements 8g + (0, 2, 4, 6), 8g + (1, 3, 5, 7)
+        float dw, mw = 0.0f;
+        if (KIND == MXFP4) {
+            u32 e = ((const unsigned char*)w.d)[bi];
+            dw = as_float(e < 2u ? 0x00200000u << e : (e - 1u) << 23);
+        } else {
+            dw = scale_at(w.d, bi, d32);
+        }
+        if (KIND == Q4_1) mw = scale_at(w.m, bi, m32);
+        const u32 hb = KIND == Q5_0 ? ((const u32*)w.qh)[bi] : 0u;
+        for (int g = 0; g < 4; g++) {
+            if (KIND == Q8_0) {  // (P, nb, 8, 32, 4) int8: words [p, u, 2g + h, j]
+                a[g] = ((const u32*)w.qs)[((p * nb + u) * 8 + 2 * g) * 32 + j];
+                b[g] = ((const u32*)w.qs)[((p * nb + u) * 8 + 2 * g + 1) * 32 + j];
+            } else {
+                const u32 wd = ((const u32*)w.qs)[((p * nb + u) * 4 + g) * 32 + j];
+                a[g] = lo4(wd);
+                b[g] = hi4(wd);
+                if (KIND == Q5_0) {
+                    a[g] |= bit5(hb >> (8 * g), 0);
+                    b[g] |= bit5(hb >> (8 * g), 1);
+                }
+                if (KIND == MXFP4) {
+                    a[g] = mxbytes(a[g]);
+                    b[g] = mxbytes(b[g]);
+                }
+            }
+        }
+        const int off = KIND == Q4_0 ? 8 : (KIND == Q5_0 ? 16 : 0);
+        UNROLL for (int r = 0; r < IROWS; r++) {
+            if (r < rows) {
+                const i64 t = tb + r;
+                const int* q = xq + t * kw + 8 * u;
+                int s = 0;
+                UNROLL for (int g = 0; g < 4; g++) s = dp4a((int)b[g], q[2 * g + 1], dp4a((int)a[g], q[2 * g], s));
+                const int bs = xs[t * k16 + 2 * u] + xs[t * k16 + 2 * u + 1];
+                s -= off * bs;
+                const float dx = xd[t * nb + u];
+                float v = (float)s * (dw * dx);
+                if (KIND == Q4_1) v = v + (float)bs * (mw * dx);
+                f[r] = v;
+            }
+        }
+        return;
+    }
+    const int ns = K / 256;
+    int is[IROWS], ms[IROWS];
+    UNROLL for (int r = 0; r < IROWS; r++) { is[r] = 0; ms[r] = 0; }
+    for (int jj = 0; jj < 8; jj++) {
+        const int b = u * 8 + jj;
+        const i64 bi = (p * nb + b) * 32 + j;
+        u32 wa[4], wb[4];
+        for (int g = 0; g < 4; g++) {
+            const u32 wd = ((const u32*)w.qs)[((p * nb + b) * 4 + g) * 32 + j];
+            wa[g] = lo4(wd);
+            wb[g] = hi4(wd);
+        }
+        if (KIND == Q6_K) {
+            for (int hh = 0; hh < 2; hh++) {
+                const int sg = ((const signed char*)w.sc)[((p * ns + u) * 16 + 2 * jj + hh) * 32 + j];
+                const u32 hw = ((const u32*)w.qh)[((p * nb + b) * 2 + hh) * 32 + j];
+                u32 a2[2], b2[2];
+                for (int gg = 0; gg < 2; gg++) {
+                    const u32 h = (hw >> (16 * gg)) & 0xFFFFu;
+                    a2[gg] = wa[2 * hh + gg] | bits6(h, 0);
+                    b2[gg] = wb[2 * hh + gg] | bits6(h, 1);
+                }
+                UNROLL for (int r = 0; r < IROWS; r++) {
+                    if (r < rows) {
+                        const i64 t = tb + r;
+                        const int* q = xq + t * kw + 8 * b + 4 * hh;
+                        int s = 0;
+                        UNROLL for (int gg = 0; gg < 2; gg++)
+                            s = dp4a((int)b2[gg], q[2 * gg + 1], dp4a((int)a2[gg], q[2 * gg], s));
+                        is[r] += sg * (s - 32 * xs[t * k16 + 2 * b + hh]);
+                    }
+                }
+            }
+        } else {
+            const unsigned char* sc = (const unsigned char*)w.sc + (p * ns + u) * 12 * 32 + j;
+            int scale, mn;  // ggml's get_scale_min_k4
+            if (jj < 4) {
+                scale = sc[jj * 32] & 63;
+                mn = sc[(jj + 4) * 32] & 63;
+            } else {
+                scale = (sc[(jj + 4) * 32] & 15) | ((sc[(jj - 4) * 32] >> 6) << 4);
+                mn = (sc[(jj + 4) * 32] >> 4) | ((sc[jj * 32] >> 6) << 4);
+            }
+            if (KIND == Q5_K) {
+                const u32 hb = ((const u32*)w.qh)[bi];
+                for (int g = 0; g < 4; g++) {
+                    wa[g] |= bit5(hb >> (8 * g), 0);
+                    wb[g] |= bit5(hb >> (8 * g), 1);
+                }
+            }
+            UNROLL for (int r = 0; r < IROWS; r++) {
+                if (r < rows) {
+                    const i64 t = tb + r;
+                    const int* q = xq + t * kw + 8 * b;
+                    int s = 0;
+                    UNROLL for (int g = 0; g < 4; g++) s = dp4a((int)wb[g], q[2 * g + 1], dp4a((int)wa[g], q[2 * g], s));
+                    is[r] += scale * s;
+                    ms[r] += mn * (xs[t * k16 + 2 * b] + xs[t * k16 + 2 * b + 1]);
+                }
+            }
+        }
+    }
+    const float dw = scale_at(w.d, (p * ns + u) * 32 + j, d32);
+    const float mw = KIND == Q6_K ? 0.0f : scale_at(w.m, (p * ns + u) * 32 + j, m32);
+    UNROLL for (int r = 0; r < IROWS; r++) {
+        if (r < rows) {
+            const float dx = xd[(i64)(tb + r) * ns + u];
+            float v = (float)is[r] * (dw * dx);
+            if (KIND != Q6_K) v = v - (float)ms[r] * (mw * dx);
+            f[r] = v;
+        }
+    }
+}
+
+template <int KIND> DEV void imm(const int* xq, const float* xd, const int* xs, int T, const W& w, int c0, int n1,
+                                 float* out, int ldo, const float* bias, int epi) {
+    SHARED float part[IROWS * ICHUNK * IOUT];  // part[(r * ICHUNK + u) * IOUT + n]
+    PER_THREAD(float, ks, [2]);  // the Kahan pair of this thread's (row, output)
+    const int nu = w.K / (IS_K(KIND) ? 256 : 32), tb = (int)blockIdx.y * IROWS;
+    const int rows = T - tb < IROWS ? T - tb : IROWS;
+    const i64 N = n1 - c0, nb = (i64)blockIdx.x * IOUT;
+    FOR_THREADS {
+        MY(ks)[0] = 0.0f;
+        MY(ks)[1] = 0.0f;
+    }
+    SYNC;
+    for (int u0 = 0; u0 < nu; u0 += ICHUNK) {
+        const int un = nu - u0 < ICHUNK ? nu - u0 : ICHUNK;
+        FOR_THREADS {
+            for (int i = (int)threadIdx.x; i < IOUT * un; i += (int)blockDim.x) {
+                const int n = i % IOUT, u = i / IOUT;
+                if (nb + n >= N) continue;
+                float f[IROWS];
+                iunit<KIND>(w, w.p0 + (nb + n) / 32, (nb + n) % 32, u0 + u, xq, xd, xs, tb, rows, f);
+                UNROLL for (int r = 0; r < IROWS; r++) if (r < rows) part[(r * ICHUNK + u) * IOUT + n] = f[r];
+            }
+        }
+        SYNC;
+        FOR_THREADS {
+            const int n = (int)threadIdx.x % IOUT, r = (int)threadIdx.x / IOUT;
+            if (r < rows && nb + n < N)
+                for (int u = 0; u < un; u++) KAHAN(part[(r * ICHUNK + u) * IOUT + n], MY(ks)[0], MY(ks)[1]);
+        }
+        SYNC;
+    }
+    FOR_THREADS {
+        const int n = (int)threadIdx.x % IOUT, r = (int)threadIdx.x / IOUT;
+        if (r < rows && nb + n < N) epilogue(MY(ks)[0], out, (i64)(tb + r) * ldo + c0 + nb + n, bias, c0 + nb + n, epi);
+    }
+}
+
+#define INT_KERNELS(NAME, KIND) \
+BLOCK_KERNEL imm_##NAME(const void* xq, const float* xd, const void* xs, int T, int K, const void* qs, const void* d, \
+                        const void* m, const void* sc, const void* qh, int flags, long long p0, int c0, int n1, \
+                        float* out, int ldo, const float* bias, int epi) { \
+    W w = {qs, d, m, sc, qh, K, flags, p0}; \
+    imm<KIND>((const int*)xq, xd, (const int*)xs, T, w, c0, n1, out, ldo, bias, epi); \
+}
+
+INT_KERNELS(q8_0, Q8_0)
+INT_KERNELS(q4_0, Q4_0)
+INT_KERNELS(q4_1, Q4_1)
+INT_KERNELS(q5_0, Q5_0)
+INT_KERNELS(q4_k, Q4_K)
+INT_KERNELS(q5_k, Q5_K)
+INT_KERNELS(q6_k, Q6_K)
+INT_KERNELS(mxfp4, MXFP4)
 
 // ---------------------------------------------------------------------------------------------------
 // RMSNorm (cpu/ops.py): out = (x * (1 / sqrt(mean(x^2) + eps))) * w, the sum of squares a Kahan sum

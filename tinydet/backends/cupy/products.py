@@ -1,12 +1,16 @@
 """The matrix products and embeddings of the GPU backend, host side: a packed matrix kind on the device
 (`_Matrix`: one launch per storage run of a layer), which kernel runs a product (gemv for a few rows,
-gemm's tiles for more) and its launch shape, and `product` / `embed` for the tests."""
+gemm's tiles for more) and its launch shape, and `product` / `embed` for the tests. Integer parts (dtype
+"int8") are launched by `intproducts.int_mm`."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..cpu.intpanels import IntPanels
 from ..cpu.layout import MixedPanels, QPanels
+from . import intproducts
+from .intproducts import ActBuffers, embed_kernel, int_mm, is_int
 
 BLOCK = 128
 # The products (kernels.cu gemm, gemv): up to GEMV_ROWS rows (decode, small batches) run gemv, which
@@ -22,9 +26,10 @@ def blocks(n: int, block: int = BLOCK) -> int:
 
 
 class Matrix:
-    """A packed matrix kind (`CPUWeights`' float panels, QPanels or MixedPanels; stacked over layers
-    or not) on the device, as the launches of its product: per layer, one segment per storage run,
-    (kernel suffix, (qs, d, m, sc, qh), flags, first panel, first output, end output)."""
+    """A packed matrix kind (`CPUWeights`' float panels, QPanels, IntPanels or MixedPanels; stacked over
+    layers or not) on the device, as the launches of its product: per layer, one segment per storage
+    run, (kernel suffix, (qs, d, m, sc, qh), flags, first panel, first output, end output); an integer
+    part's suffix is int_<type> (`intproducts`)."""
 
     def __init__(self, dev, w, n_out: int, stacked: bool, dummy):
         self.n_out = n_out
@@ -53,12 +58,14 @@ class Matrix:
 def _n_layers(w) -> int:
     if isinstance(w, MixedPanels):
         return w.table.shape[0]
-    return (w.qs if isinstance(w, QPanels) else w).shape[0]
+    return (w.qs if isinstance(w, (QPanels, IntPanels)) else w).shape[0]
 
 
 def _upload(dev, w, dummy) -> tuple:
     """(kernel suffix, five device arrays (dummy where absent), flags) of float panels, a (rows, K)
-    table or QPanels."""
+    table, QPanels or IntPanels."""
+    if isinstance(w, IntPanels):
+        return intproducts.upload(dev, w, dummy)
     if isinstance(w, QPanels):
         arrays = tuple(dummy if a is None else dev.to_device(a) for a in (w.qs, w.d, w.m, w.sc, w.qh))
         flags = int(w.d.dtype == np.float32) | (int(w.m is not None and w.m.dtype == np.float32) << 1)
@@ -82,11 +89,15 @@ def _gemv_shape(T: int, K: int, N: int) -> tuple[int, int] | None:
     return tn, min(GTHREADS, -(-tn * nkb // 32) * 32)
 
 
-def mm(dev, x, segments: list, out, dummy, norm=None, inv=None, bias=None, epi: int = 0) -> None:
+def mm(dev, x, segments: list, out, dummy, norm=None, inv=None, bias=None, epi: int = 0, act=None) -> None:
     """out[:, c0:n1] = x W^T for each segment of a matrix's layer (`Matrix.layer`), ended by kernels.cu's
     `epilogue` epi (1: + bias, 2: out += the product). With norm = (weights, eps), x is RMSNorm's input
     and the product takes its output: gemv computes 1 / rms per row in each block, gemm reads it from
-    `inv` (a float32 buffer of T), filled here first."""
+    `inv` (a float32 buffer of T), filled here first. Integer parts (the int8 mode) take `act`, an
+    `intproducts.ActBuffers` their quantized activations are made in (`intproducts.int_mm`)."""
+    if any(is_int(s[0]) for s in segments):
+        int_mm(dev, x, segments, out, dummy, act, norm, inv, bias, epi, mm)
+        return
     T, K = x.shape
     nw, eps = norm if norm is not None else (dummy, 0.0)
     bias = dummy if bias is None else bias
@@ -108,13 +119,14 @@ def mm(dev, x, segments: list, out, dummy, norm=None, inv=None, bias=None, epi: 
 def embed_rows(dev, ids, T: int, K: int, segments: list, out) -> None:
     """out[t] = row ids[t] of the matrix whose segments are given (`Matrix.layer`)."""
     for name, arrays, flags, p0, c0, n1 in segments:
-        dev.launch(f"embed_{name}", (blocks(T * K),), (BLOCK,), (ids, T, K, *arrays, flags, p0, c0, n1, out))
+        dev.launch(embed_kernel(name), (blocks(T * K),), (BLOCK,), (ids, T, K, *arrays, flags, p0, c0, n1, out))
 
 
 def product(dev, x: np.ndarray, w, n_out: int, layer: int | None = None, norm=None, bias=None,
             out=None) -> np.ndarray:
     """x W^T (n_out outputs) by the GPU kernels on `dev`, for W in a CPU backend storage: float panels
-    or QPanels, or with `layer` a kind stacked over layers (MixedPanels too). With norm = (weights, eps)
+    QPanels or IntPanels (the int8 mode's integer products), or with `layer` a kind stacked over layers
+    (MixedPanels too). With norm = (weights, eps)
     the product of RMSNorm(x); with `bias` (n_out) the bias added; with `out` (rows, n_out) the product
     added to it (a residual add)."""
     dummy = dev.to_device(np.zeros(1, np.float32))
@@ -123,13 +135,15 @@ def product(dev, x: np.ndarray, w, n_out: int, layer: int | None = None, norm=No
     put = (lambda a: None if a is None else dev.to_device(np.ascontiguousarray(a, np.float32)))
     inv = dev.to_device(np.full(x.shape[0], np.nan, np.float32))
     nrm = None if norm is None else (put(norm[0]), norm[1])
-    mm(dev, put(x), mat.layer(layer), res, dummy, nrm, inv, put(bias), 1 if bias is not None else 2 * (out is not None))
+    act = ActBuffers(dev.xp, x.shape[0], x.shape[1])
+    mm(dev, put(x), mat.layer(layer), res, dummy, nrm, inv, put(bias), 1 if bias is not None else 2 * (out is not None),
+       act)
     return np.array(dev.to_host(res))
 
 
 def embed(dev, w, ids, k: int) -> np.ndarray:
     """Rows `ids` of the matrix W (k columns) in a CPU backend storage, read by the GPU kernels."""
-    n = w.n if isinstance(w, QPanels) else (w.shape[0] * 64 if w.ndim == 3 else w.shape[0])
+    n = w.n if isinstance(w, (QPanels, IntPanels)) else (w.shape[0] * 64 if w.ndim == 3 else w.shape[0])
     ids = np.ascontiguousarray(ids, np.int64)
     mat = Matrix(dev, w, n, False, dev.to_device(np.zeros(1, np.float32)))
     out = dev.to_device(np.full((ids.shape[0], k), np.nan, np.float32))

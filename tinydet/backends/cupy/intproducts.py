@@ -1,0 +1,80 @@
+"""The integer mode (dtype "int8") of the GPU backend, host side: `intpanels.IntPanels` on the device, the
+activations' quantization buffers, and the launches of a product whose segments are integer parts
+(kernels.cu `act_quant`, `imm_*`) beside float ones (`products.mm`'s gemv / gemm).
+
+As on the CPU (`cpu/intmixed.py`), the rows of x are quantized once per product and block size (32
+beside Q8_0/Q4_0/Q4_1/Q5_0/MXFP4, 256 beside the K-quants), and every integer segment of that block size
+reads the same quants; float segments take x itself. With a fused RMSNorm, 1 / rms per row is computed
+first (rms_inv_rows) and the quantization reads RMSNorm's output as it loads x (rms_scale's operations):
+the CPU normalizes, then quantizes what it got, the same floats."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..cpu.layout import K_QUANTS, NATIVE_TYPES
+from ..cpu.intpanels import IntPanels
+
+IROWS, IOUT, ITHREADS = 8, 32, 256  # kernels.cu IROWS, IOUT, ITHREADS
+PREFIX = "int_"  # a segment's kernel suffix for an integer part: int_<type>
+K_NAMES = frozenset(NATIVE_TYPES[t].lower() for t in K_QUANTS)
+
+
+def upload(dev, w: IntPanels, dummy) -> tuple:
+    """(kernel suffix, five device arrays (dummy where absent), flags) of IntPanels, as `products._upload`."""
+    arrays = tuple(dummy if a is None else dev.to_device(a) for a in (w.qs, w.d, w.m, w.sc, w.qh))
+    flags = int(w.d.dtype == np.float32) | (int(w.m is not None and w.m.dtype == np.float32) << 1)
+    return PREFIX + NATIVE_TYPES[w.ggml_type].lower(), arrays, flags
+
+
+def is_int(name: str) -> bool:
+    return name.startswith(PREFIX)
+
+
+def block_of(name: str) -> int:
+    """Elements per activation block an integer segment takes."""
+    return 256 if name[len(PREFIX):] in K_NAMES else 32
+
+
+def embed_kernel(name: str) -> str:
+    """The embedding kernel of a segment: an integer part's rows read from its arrays (Q8_0's regrouped)."""
+    if not is_int(name):
+        return f"embed_{name}"
+    kind = name[len(PREFIX):]
+    return "embed_q8_0i" if kind == "q8_0" else f"embed_{kind}"
+
+
+class ActBuffers:
+    """Device buffers for up to `rows` rows of up to `k` activations quantized in blocks of 32 and of
+    256: per block size (xq int8, xd float32, xs int32), flat (a product uses their first T * K)."""
+
+    def __init__(self, xp, rows: int, k: int):
+        n = max(rows, 1) * k
+        self.rows, self.k = rows, k
+        self.q = {B: (xp.zeros(n, np.int8), xp.zeros(max(n // B, 1), np.float32), xp.zeros(max(n // 16, 1), np.int32))
+                  for B in (32, 256)}
+
+
+def int_mm(dev, x, segments: list, out, dummy, act: ActBuffers, norm, inv, bias, epi: int, float_mm) -> None:
+    """out[:, c0:n1] = x W^T for a layer's segments (`products.Matrix.layer`) of which some are integer
+    parts: x quantized once per block size the integer segments take, their `imm_*` launches, and the
+    float segments by `float_mm(dev, x, segments, out, dummy, norm, inv, bias, epi)`."""
+    T, K = x.shape
+    if T > act.rows or K > act.k:
+        raise ValueError(f"int_mm: {T} x {K} activations do not fit the buffers ({act.rows} x {act.k})")
+    ints = [s for s in segments if is_int(s[0])]
+    nw = dummy if norm is None else norm[0]
+    if norm is not None:
+        dev.launch("rms_inv_rows", (-(-T // 64),), (64,), (x, T, K, np.float32(norm[1]), inv))
+    for B in sorted({block_of(s[0]) for s in ints}):
+        xq, xd, xs = act.q[B]
+        dev.launch("act_quant", (-(-T * (K // B) // 128),), (128,),
+                   (x, T, K, B, nw, inv if norm is not None else dummy, int(norm is not None), xq, xd, xs))
+    bias_arr = dummy if bias is None else bias
+    for name, arrays, flags, p0, c0, n1 in ints:
+        xq, xd, xs = act.q[block_of(name)]
+        dev.launch(f"imm_{name[len(PREFIX):]}", (-(-(n1 - c0) // IOUT), -(-T // IROWS)), (ITHREADS,),
+                   (xq, xd, xs, T, K, *arrays, flags, p0, c0, n1, out, out.shape[1], bias_arr, epi))
+    floats = [s for s in segments if not is_int(s[0])]
+    if floats:
+        float_mm(dev, x, floats, out, dummy, norm, inv, bias, epi)
