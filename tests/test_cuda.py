@@ -549,6 +549,18 @@ def test_verify_on_the_emulated_gpu(stories_path):
     assert out["passed"] and sum(c["group"] == "backend" and c["variant"] == "cpu-numba" for c in out["cells"]) == 2
 
 
+def test_verify_on_the_emulated_gpu_takes_int8_of_a_quantized_file(tmp_path, stories_path):
+    """verify's default dtypes on a GPU: a quantized file's int8 cells too, each against the CPU's run."""
+    import json
+
+    path = requantized(tmp_path, stories_path, PLANS["Q4_1 + Q8_0 table + F16 output"])
+    r = CliRunner().invoke(main, ["verify", "--model", str(path), "--device", DEVICE, "--new-tokens", "4", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    cpu_cells = {c["dtype"] for c in out["cells"] if c["group"] == "backend" and c["variant"] == "cpu-numba"}
+    assert out["passed"] and cpu_cells == {"fp32", "fp16", "native", "int8"}
+
+
 def test_emulated_generate_cli(stories_path):
     args = ["generate", "Once upon a time", "--model", str(stories_path), "--max-tokens", "24", "--json"]
     a, b = (CliRunner().invoke(main, args + extra) for extra in ([], ["--device", DEVICE]))

@@ -2,7 +2,7 @@
 requests, aggregate generated tokens per second (the median of --repeats rounds), with the check that
 each request's tokens and logits hash are those of the same request run alone.
 
-    python tools/gpu_bench.py MODEL.gguf [--requests 32] [--new-tokens 64] [--dtype native]
+    python tools/gpu_bench.py MODEL.gguf [--requests 32] [--new-tokens 64] [--dtype native|int8]
         [--device cuda] [--repeats 3]
 
 Prints one JSON line.
@@ -22,7 +22,7 @@ def main() -> int:
     ap.add_argument("model")
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--dtype", default="native", choices=["fp32", "fp16", "native"])
+    ap.add_argument("--dtype", default="native", choices=["fp32", "fp16", "native", "int8"])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()

@@ -125,7 +125,7 @@ for m in "${models[@]}"; do
     name=$(basename "$m" .gguf)
     if ! run python3 -m tinydet golden "$m" --check "${golden[$m]}" --device "$device"; then
         # where the GPU parts from the CPU: the first op, layer and position, per dtype
-        for dtype in fp32 fp16 native; do
+        for dtype in fp32 fp16 native int8; do
             for d in cpu "$device"; do
                 python3 -m tinydet trace --model "$m" --prompt "Once upon a time" --dtype "$dtype" --no-values \
                     --device "$d" --out "$work/trace-$name-$dtype-$d.jsonl" >> "$log" 2>&1
@@ -134,7 +134,7 @@ for m in "${models[@]}"; do
         done
     fi
     run env TINYDET_CUDA_GRAPHS=0 python3 -m tinydet golden "$m" --check "${golden[$m]}" --device "$device"
-    for dtype in fp32 fp16 native; do  # one JSON line each in the log
+    for dtype in fp32 fp16 native int8; do  # one JSON line each in the log (int8: native's on a float file)
         run python3 -m tinydet bench "$m" --device "$device" --dtype "$dtype" --prompt-tokens 512 --new-tokens 64 \
             --repeats 3 --json
     done
@@ -153,10 +153,12 @@ if has size && { [ "$device" != cuda-host ] || [ -n "${SIZE_SHAPE:-}" ]; }; then
         echo "(SmolLM2's GGUF or the gguf package missing: size not checked)" | tee -a "$log"
     elif run python3 bench/make_random_gguf.py --shape "$shape" --type Q4_0 --out-dir "$work" --tokenizer "$smollm2"; then
         big=$work/$shape-random.Q4_0.gguf
-        run python3 -m tinydet bench "$big" --device "$device" --dtype native --prompt-tokens 512 --new-tokens 64 \
-            --repeats 3 --json
-        run python3 tools/gpu_bench.py "$big" --device "$device" --requests 32 --new-tokens 64
-        if has profile; then run python3 tools/gpu_profile.py "$big" --dtype native --device "$device"; fi
+        for dtype in native int8; do
+            run python3 -m tinydet bench "$big" --device "$device" --dtype "$dtype" --prompt-tokens 512 \
+                --new-tokens 64 --repeats 3 --json
+            run python3 tools/gpu_bench.py "$big" --device "$device" --dtype "$dtype" --requests 32 --new-tokens 64
+            if has profile; then run python3 tools/gpu_profile.py "$big" --dtype "$dtype" --device "$device"; fi
+        done
     fi
 fi
 if has gpu || has size; then  # the issue's targets, from the JSON lines above
@@ -170,10 +172,11 @@ def pick(name, key, dtype="native", gpu=True):
     vals = [l[key] for l in lines if name in l["model"] and l.get("dtype") == dtype and key in l
             and l.get("backend", l.get("device", "")).startswith("cuda:")]
     return max(vals) if vals else None
-show("SmolLM2-135M decode tok/s", pick("SmolLM2", "decode_tok_s"), 1000)
-show("SmolLM2-135M prefill (512) tok/s", pick("SmolLM2", "prefill_tok_s"), 20000)
-show("1B Q4_0 decode tok/s", pick("llama-1b", "decode_tok_s"), 400)
-show("1B Q4_0 generate_batch of 32, aggregate tok/s", pick("llama-1b", "aggregate_tok_s"), 3000)
+for dtype in ("native", "int8"):
+    show(f"SmolLM2-135M {dtype} decode tok/s", pick("SmolLM2", "decode_tok_s", dtype), 1000)
+    show(f"SmolLM2-135M {dtype} prefill (512) tok/s", pick("SmolLM2", "prefill_tok_s", dtype), 20000)
+    show(f"1B Q4_0 {dtype} decode tok/s", pick("llama-1b", "decode_tok_s", dtype), 400)
+    show(f"1B Q4_0 {dtype} generate_batch of 32, aggregate tok/s", pick("llama-1b", "aggregate_tok_s", dtype), 3000)
 PY
 fi
 

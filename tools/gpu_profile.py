@@ -1,6 +1,6 @@
 """Where a generation's GPU time goes, kernel by kernel (tools/gpu_check.sh's profile phase):
 
-    python tools/gpu_profile.py MODEL.gguf [--dtype native] [--tokens 16] [--device cuda]
+    python tools/gpu_profile.py MODEL.gguf [--dtype native|int8] [--tokens 16] [--device cuda]
 
 PyTorch's profiler records the CUDA activity of the whole process (CUPTI), CuPy's kernels included, so
 this needs torch beside CuPy. CUDA graphs are turned off, so that every decode step's kernels are
@@ -19,7 +19,7 @@ import time
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
-    ap.add_argument("--dtype", default="native", choices=["fp32", "fp16", "native"])
+    ap.add_argument("--dtype", default="native", choices=["fp32", "fp16", "native", "int8"])
     ap.add_argument("--tokens", type=int, default=16, help="tokens generated after the prompt")
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()

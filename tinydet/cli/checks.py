@@ -51,10 +51,9 @@ def verify(model_name, prompt, new_tokens, dtypes, no_subprocess, as_json, worke
     loaded = {"fp32": first}
     if not dtypes:
         dtypes = ("fp32", "fp16", "native")
-        if on_cpu:
-            loaded["native"] = load(name, dtype="native", threads=1)
-            if _quantized(loaded["native"]):
-                dtypes += ("int8",)  # the integer mode's cells too
+        loaded["native"] = load(name, dtype="native", threads=1, device=device)
+        if _quantized(loaded["native"]):
+            dtypes += ("int8",)  # the integer mode's cells too
     cells = run_matrix(lambda d, t: loaded[d] if d in loaded else load(name, dtype=d, threads=t, device=device), name, ids,
                        new_tokens, dtypes, on_cpu and not no_subprocess, show,
                        reference=None if on_cpu else lambda d: load(name, dtype=d, threads=1))
