@@ -35,7 +35,7 @@ from ..cpu.ops import GELU_B, GELU_K, ACTIVATIONS, ATILE, rope_tables
 from ..cpu.weights import DTYPES, MATRICES, CPUWeights
 from .device import CudaDevice, HostDevice
 from .intproducts import ActBuffers
-from .products import AMAX_HD, BLOCK, Matrix, blocks, embed, embed_rows, mm, product
+from .products import AMAX_HD, BLOCK, Matrix, blocks, embed, embed_rows, mm, product, rms_inv_rows
 
 __all__ = ["CudaBackend", "CudaDevice", "HostDevice", "embed", "product"]
 
@@ -262,7 +262,7 @@ class CudaBackend(Backend):
 
     def _rmsnorm(self, ws: _Workspace, x, w, out) -> None:
         T, D = x.shape
-        self.dev.launch("rms_inv_rows", (blocks(T, 64),), (64,), (x, T, D, self._eps, ws.inv))
+        rms_inv_rows(self.dev, x, self._eps, ws.inv)
         self.dev.launch("rms_scale", (blocks(T * D),), (BLOCK,), (x, T, D, ws.inv, w, out))
 
     def _see(self, hook, li, op, pos, slots, a, c0=0, c1=None) -> None:
@@ -352,7 +352,7 @@ class CudaBackend(Backend):
         if post.shape[1]:
             if hook is None:
                 T, D = ws.proj.shape
-                self.dev.launch("rms_inv_rows", (blocks(T, 64),), (64,), (ws.proj, T, D, self._eps, ws.inv))
+                rms_inv_rows(self.dev, ws.proj, self._eps, ws.inv)
                 self.dev.launch("rms_scale_add", (blocks(n),), (BLOCK,), (ws.x, ws.proj, T, D, ws.inv, post[li]))
                 return
             self._rmsnorm(ws, ws.proj, post[li], ws.proj)

@@ -4,9 +4,9 @@ activations' quantization buffers, and the launches of a product whose segments 
 
 As on the CPU (`cpu/intmixed.py`), the rows of x are quantized once per product and block size (32
 beside Q8_0/Q4_0/Q4_1/Q5_0/MXFP4, 256 beside the K-quants), and every integer segment of that block size
-reads the same quants; float segments take x itself. With a fused RMSNorm, 1 / rms per row is computed
-first (rms_inv_rows) and the quantization reads RMSNorm's output as it loads x (rms_scale's operations):
-the CPU normalizes, then quantizes what it got, the same floats."""
+reads the same quants; float segments take x itself. With a fused RMSNorm, 1 / rms per row is in `inv`
+(`products.mm` fills it first) and the quantization reads RMSNorm's output as it loads x (rms_scale's
+operations): the CPU normalizes, then quantizes what it got, the same floats."""
 
 from __future__ import annotations
 
@@ -58,14 +58,13 @@ class ActBuffers:
 def int_mm(dev, x, segments: list, out, dummy, act: ActBuffers, norm, inv, bias, epi: int, float_mm) -> None:
     """out[:, c0:n1] = x W^T for a layer's segments (`products.Matrix.layer`) of which some are integer
     parts: x quantized once per block size the integer segments take, their `imm_*` launches, and the
-    float segments by `float_mm(dev, x, segments, out, dummy, norm, inv, bias, epi)`."""
+    float segments by `float_mm(dev, x, segments, out, dummy, norm, inv, bias, epi)`. With norm, `inv`
+    holds 1 / rms per row already."""
     T, K = x.shape
     if T > act.rows or K > act.k:
         raise ValueError(f"int_mm: {T} x {K} activations do not fit the buffers ({act.rows} x {act.k})")
     ints = [s for s in segments if is_int(s[0])]
     nw = dummy if norm is None else norm[0]
-    if norm is not None:
-        dev.launch("rms_inv_rows", (-(-T // 64),), (64,), (x, T, K, np.float32(norm[1]), inv))
     for B in sorted({block_of(s[0]) for s in ints}):
         xq, xd, xs = act.q[B]
         dev.launch("act_quant", (-(-T * (K // B) // 128),), (128,),

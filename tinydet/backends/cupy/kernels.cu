@@ -773,11 +773,17 @@ INT_KERNELS(mxfp4, MXFP4)
 
 // ---------------------------------------------------------------------------------------------------
 // RMSNorm (cpu/ops.py): out = (x * (1 / sqrt(mean(x^2) + eps))) * w, the sum of squares a Kahan sum
-// in index order: rms_inv_rows a thread per row (the chain), rms_scale a thread per element; out may be x.
+// in index order: rms_inv_rows a block per VROWS rows, a thread per row running the chain over the
+// rows staged in shared memory (rms_inv_block); rms_scale a thread per element; out may be x.
 
-KERNEL rms_inv_rows(const float* x, int T, int D, float eps, float* inv) {
-    int t = (int)GX;
-    if (t < T) inv[t] = rms_inv(x + (i64)t * D, D, eps);
+BLOCK_KERNEL rms_inv_rows(const float* x, int T, int D, float eps, float* inv) {
+    SHARED float sinv[VROWS];
+    const int tb = (int)blockIdx.x * VROWS, rows = T - tb < VROWS ? T - tb : VROWS;
+    rms_inv_block(x + (i64)tb * D, D, rows, eps, sinv);
+    FOR_THREADS {
+        if ((int)threadIdx.x < rows) inv[tb + (int)threadIdx.x] = sinv[threadIdx.x];
+    }
+    SYNC;
 }
 
 KERNEL rms_scale(const float* x, int T, int D, const float* inv, const float* w, float* out) {

@@ -17,6 +17,7 @@ BLOCK = 128
 # reads each weight once for VROWS rows; more run gemm's 64 x 64 tiles.
 GT, GTHREADS = 64, 256  # kernels.cu GT, GTHREADS
 VROWS, VPART = 8, 8192  # kernels.cu VROWS, VPART
+RTHREADS = 256  # rms_inv_rows' threads a block: they load its VROWS rows into shared memory
 GEMV_ROWS = VROWS
 AMAX_HD = 256  # kernels.cu AMAX_HD: the largest head_dim of `attend`
 
@@ -95,15 +96,17 @@ def mm(dev, x, segments: list, out, dummy, norm=None, inv=None, bias=None, epi: 
     and the product takes its output: gemv computes 1 / rms per row in each block, gemm reads it from
     `inv` (a float32 buffer of T), filled here first. Integer parts (the int8 mode) take `act`, an
     `intproducts.ActBuffers` their quantized activations are made in (`intproducts.int_mm`)."""
+    T, K = x.shape
     if any(is_int(s[0]) for s in segments):
+        if norm is not None:
+            rms_inv_rows(dev, x, norm[1], inv)
         int_mm(dev, x, segments, out, dummy, act, norm, inv, bias, epi, mm)
         return
-    T, K = x.shape
     nw, eps = norm if norm is not None else (dummy, 0.0)
     bias = dummy if bias is None else bias
     shapes = [_gemv_shape(T, K, n1 - c0) if T <= GEMV_ROWS else None for *_, c0, n1 in segments]
     if norm is not None and any(sh is None for sh in shapes):
-        dev.launch("rms_inv_rows", (blocks(T, 64),), (64,), (x, T, K, np.float32(eps), inv))
+        rms_inv_rows(dev, x, eps, inv)
     for (name, arrays, flags, p0, c0, n1), shape in zip(segments, shapes):
         if shape is not None:
             tn, threads = shape
@@ -114,6 +117,12 @@ def mm(dev, x, segments: list, out, dummy, norm=None, inv=None, bias=None, epi: 
             dev.launch(f"gemm_{name}", (blocks(n1 - c0, GT), blocks(T, GT)), (GTHREADS,),
                        (x, T, K, *arrays, flags, p0, c0, n1, out, out.shape[1], nw,
                         inv if norm is not None else dummy, int(norm is not None), bias, epi))
+
+
+def rms_inv_rows(dev, x, eps, inv) -> None:
+    """inv[t] = 1 / rms of row t of x (T, D), RMSNorm's chain (kernels.cu rms_inv_rows: VROWS rows a block)."""
+    T, D = x.shape
+    dev.launch("rms_inv_rows", (blocks(T, VROWS),), (RTHREADS,), (x, T, D, np.float32(eps), inv))
 
 
 def embed_rows(dev, ids, T: int, K: int, segments: list, out) -> None:
