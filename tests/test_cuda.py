@@ -197,6 +197,32 @@ def test_int8_product_every_type(dev, name, rows):
             same(product(HostDevice(reverse=True), x, w, n), want, f"{name} K={k} in reverse")
 
 
+@pytest.mark.parametrize("tn", [8, 16, 32])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_K"])
+def test_int8_outputs_per_block(dev, monkeypatch, name, tn):
+    """imm's outputs per block (tn: 32, or 16 and 8 where a matrix has few outputs) change no bit, a
+    block's outputs ending inside a panel included (100 outputs)."""
+    from tinydet.backends.cupy import intproducts
+
+    monkeypatch.setattr(intproducts, "out_per_block", lambda n: tn)
+    n, k = (100, 512)
+    for rows in (1, 9):
+        w = int_panels(name, n, k, rows)
+        x = int_rows(rows, k, rows)
+        want = np.full((rows, n), np.nan, np.float32)
+        cpu_matmul(x, w, n, want)
+        same(product(dev, x, w, n), want, f"{name} tn={tn} rows={rows}")
+
+
+def test_int8_outputs_per_block_policy():
+    from tinydet.backends.cupy.intproducts import out_per_block
+
+    # halved while under 264 blocks: a 1B model's wo / w2 (2048 outputs), k / v (512) and a 4096-output
+    # matrix (256 blocks at 16) take 8; 8448 (264 blocks at 32), w13 (16384) and the vocabulary keep 32
+    assert [out_per_block(n) for n in (100, 512, 2048, 4096, 8448, 16384, 128256)] == [8, 8, 8, 8, 32, 32, 32]
+    assert out_per_block(4224) == 16  # 132 blocks at 32, 264 at 16
+
+
 @pytest.mark.parametrize("rows", [1, 9])
 @pytest.mark.parametrize("name", ["Q4_1", "Q6_K"])
 def test_int8_product_fused_steps(dev, name, rows):

@@ -15,7 +15,7 @@ import numpy as np
 from ..cpu.layout import K_QUANTS, NATIVE_TYPES
 from ..cpu.intpanels import IntPanels
 
-IROWS, IOUT, ITHREADS = 8, 32, 256  # kernels.cu IROWS, IOUT, ITHREADS
+IROWS, IOUT, ITHREADS = 8, 32, 256  # kernels.cu IROWS, IOUT (the largest tn), ITHREADS
 PREFIX = "int_"  # a segment's kernel suffix for an integer part: int_<type>
 K_NAMES = frozenset(NATIVE_TYPES[t].lower() for t in K_QUANTS)
 
@@ -42,6 +42,15 @@ def embed_kernel(name: str) -> str:
         return f"embed_{name}"
     kind = name[len(PREFIX):]
     return "embed_q8_0i" if kind == "q8_0" else f"embed_{kind}"
+
+
+def out_per_block(n: int) -> int:
+    """imm's outputs per block for n outputs: 32 (whole 128-byte lines of a panel's words), halved down to
+    8 (whole 32-byte sectors) while that leaves under 264 blocks (2 per SM of an H100), as gemv's tn."""
+    tn = IOUT
+    while tn > 8 and -(-n // tn) < 264:
+        tn //= 2
+    return tn
 
 
 class ActBuffers:
@@ -72,8 +81,9 @@ def int_mm(dev, x, segments: list, out, dummy, act: ActBuffers, norm, inv, bias,
     bias_arr = dummy if bias is None else bias
     for name, arrays, flags, p0, c0, n1 in ints:
         xq, xd, xs = act.q[block_of(name)]
-        dev.launch(f"imm_{name[len(PREFIX):]}", (-(-(n1 - c0) // IOUT), -(-T // IROWS)), (ITHREADS,),
-                   (xq, xd, xs, T, K, *arrays, flags, p0, c0, n1, out, out.shape[1], bias_arr, epi))
+        tn = out_per_block(n1 - c0)
+        dev.launch(f"imm_{name[len(PREFIX):]}", (-(-(n1 - c0) // tn), -(-T // IROWS)), (ITHREADS,),
+                   (xq, xd, xs, T, K, *arrays, flags, p0, c0, n1, out, out.shape[1], bias_arr, epi, tn))
     floats = [s for s in segments if not is_int(s[0])]
     if floats:
         float_mm(dev, x, floats, out, dummy, norm, inv, bias, epi)

@@ -552,13 +552,14 @@ KERNEL act_quant(const float* x, int T, int K, int B, const float* nw, const flo
 //   f = float(isum) * (dw * dx) + float(bs) * (mw * dx)          Q4_1
 //   f = float(isum) * (d * dx) - float(msum) * (dmin * dx)       Q4_K, Q5_K (Q6_K: without msum)
 // each product rounded on its own, and the output the Kahan sum of the blocks' f in order (intdot.py).
-// `imm`: a block owns 32 outputs (one panel's rows, loads coalesced across them) and IROWS rows (grid
-// y: groups of rows); per chunk of ICHUNK blocks its threads compute the f of every (output, block)
-// for all its rows into shared memory, each weight block read once, then a thread per (row, output)
-// takes the chunk's Kahan steps in order; an epilogue `epi` as the float products'.
+// `imm`: a block owns tn outputs (8, 16 or 32 of one panel's rows, loads coalesced across them: the
+// host narrows tn where N would give the GPU few blocks) and IROWS rows (grid y: groups of rows); per
+// chunk of ICHUNK blocks its threads compute the f of every (output, block) for all its rows into
+// shared memory, each weight block read once, then a thread per (row, output) takes the chunk's Kahan
+// steps in order; an epilogue `epi` as the float products'.
 
 #define IROWS 8
-#define IOUT 32
+#define IOUT 32  // the largest tn
 #define ICHUNK 32
 #define ITHREADS 256  // IROWS x IOUT: the Kahan step's threads
 
@@ -718,12 +719,12 @@ template <int KIND> DEV void iunit(const W& w, i64 p, i64 j, int u, const int* x
 }
 
 template <int KIND> DEV void imm(const int* xq, const float* xd, const int* xs, int T, const W& w, int c0, int n1,
-                                 float* out, int ldo, const float* bias, int epi) {
-    SHARED float part[IROWS * ICHUNK * IOUT];  // part[(r * ICHUNK + u) * IOUT + n]
+                                 float* out, int ldo, const float* bias, int epi, int tn) {
+    SHARED float part[IROWS * ICHUNK * IOUT];  // part[(r * ICHUNK + u) * IOUT + n], n < tn
     PER_THREAD(float, ks, [2]);  // the Kahan pair of this thread's (row, output)
     const int nu = w.K / (IS_K(KIND) ? 256 : 32), tb = (int)blockIdx.y * IROWS;
     const int rows = T - tb < IROWS ? T - tb : IROWS;
-    const i64 N = n1 - c0, nb = (i64)blockIdx.x * IOUT;
+    const i64 N = n1 - c0, nb = (i64)blockIdx.x * tn;
     FOR_THREADS {
         MY(ks)[0] = 0.0f;
         MY(ks)[1] = 0.0f;
@@ -732,8 +733,8 @@ template <int KIND> DEV void imm(const int* xq, const float* xd, const int* xs, 
     for (int u0 = 0; u0 < nu; u0 += ICHUNK) {
         const int un = nu - u0 < ICHUNK ? nu - u0 : ICHUNK;
         FOR_THREADS {
-            for (int i = (int)threadIdx.x; i < IOUT * un; i += (int)blockDim.x) {
-                const int n = i % IOUT, u = i / IOUT;
+            for (int i = (int)threadIdx.x; i < tn * un; i += (int)blockDim.x) {
+                const int n = i % tn, u = i / tn;
                 if (nb + n >= N) continue;
                 float f[IROWS];
                 iunit<KIND>(w, w.p0 + (nb + n) / 32, (nb + n) % 32, u0 + u, xq, xd, xs, tb, rows, f);
@@ -742,14 +743,14 @@ template <int KIND> DEV void imm(const int* xq, const float* xd, const int* xs, 
         }
         SYNC;
         FOR_THREADS {
-            const int n = (int)threadIdx.x % IOUT, r = (int)threadIdx.x / IOUT;
+            const int n = (int)threadIdx.x % tn, r = (int)threadIdx.x / tn;
             if (r < rows && nb + n < N)
                 for (int u = 0; u < un; u++) KAHAN(part[(r * ICHUNK + u) * IOUT + n], MY(ks)[0], MY(ks)[1]);
         }
         SYNC;
     }
     FOR_THREADS {
-        const int n = (int)threadIdx.x % IOUT, r = (int)threadIdx.x / IOUT;
+        const int n = (int)threadIdx.x % tn, r = (int)threadIdx.x / tn;
         if (r < rows && nb + n < N) epilogue(MY(ks)[0], out, (i64)(tb + r) * ldo + c0 + nb + n, bias, c0 + nb + n, epi);
     }
 }
@@ -757,9 +758,9 @@ template <int KIND> DEV void imm(const int* xq, const float* xd, const int* xs, 
 #define INT_KERNELS(NAME, KIND) \
 BLOCK_KERNEL imm_##NAME(const void* xq, const float* xd, const void* xs, int T, int K, const void* qs, const void* d, \
                         const void* m, const void* sc, const void* qh, int flags, long long p0, int c0, int n1, \
-                        float* out, int ldo, const float* bias, int epi) { \
+                        float* out, int ldo, const float* bias, int epi, int tn) { \
     W w = {qs, d, m, sc, qh, K, flags, p0}; \
-    imm<KIND>((const int*)xq, xd, (const int*)xs, T, w, c0, n1, out, ldo, bias, epi); \
+    imm<KIND>((const int*)xq, xd, (const int*)xs, T, w, c0, n1, out, ldo, bias, epi, tn); \
 }
 
 INT_KERNELS(q8_0, Q8_0)
