@@ -512,22 +512,22 @@ def test_int8_decode_graphs_replay_the_cpu_bits(tmp_path, stories_path):
     assert dev.captures >= 2 and dev.replays > 5 * dev.captures
 
 
-def test_trace_equals_cpu_trace(stories_path, tmp_path):
-    """The traced pass (a hook after every op) records the CPU's bits op by op; a hook's change reaches
-    the next op on the device as on the CPU."""
-    cpu, gpu = cpu_and_gpu(stories_path, "fp16")
+def check_trace_and_fault(tmp_path, cpu, gpu, chunk: int, fault_layer: int, fault_op: str, col: int) -> None:
+    """The traced pass (a hook after every op, `chunk` tokens a pass) records the CPU's bits op by op,
+    and a hook adding 1 to column `col` of op `fault_op` in layer `fault_layer` changes the logits on
+    the device as on the CPU."""
     ids = cpu.tokenize(PROMPT)
     paths = []
     for m in (cpu, gpu):
         p = tmp_path / f"{m.backend.name}.jsonl"
-        write_trace(p, m, ids, run_trace(m, ids, 4), {"chunk": 4})
+        write_trace(p, m, ids, run_trace(m, ids, chunk), {"chunk": chunk})
         paths.append(p)
     d = diff_traces(*paths)
     assert d["identical"] and d["n_compared"] > 100 and d["header_differences"]["backend"] == ("cpu-numba", gpu.backend.name)
 
     def fault(layer, op, pos, slots, rows):
-        if layer == 2 and op == "attn_norm":
-            rows[:, 3] += 1.0
+        if layer == fault_layer and op == fault_op:
+            rows[:, col] += 1.0
 
     outs = []
     for m in (cpu, gpu):
@@ -536,6 +536,13 @@ def test_trace_equals_cpu_trace(stories_path, tmp_path):
         m.backend.hooks.clear()
     same(outs[1], outs[0], "with a fault")
     assert not np.array_equal(bits(outs[0]), bits(cpu.logits(ids)))
+
+
+def test_trace_equals_cpu_trace(stories_path, tmp_path):
+    """The traced pass records the CPU's bits op by op; a hook's change reaches the next op on the
+    device as on the CPU."""
+    cpu, gpu = cpu_and_gpu(stories_path, "fp16")
+    check_trace_and_fault(tmp_path, cpu, gpu, 4, 2, "attn_norm", 3)
 
 
 def test_int8_trace_and_hooks(tmp_path, stories_path):
@@ -543,26 +550,7 @@ def test_int8_trace_and_hooks(tmp_path, stories_path):
     CPU's bits op by op, and a hook's change reaches the integer products on the device as on the CPU."""
     path = requantized(tmp_path, stories_path, PLANS["mixed runs in qkv"])
     cpu, gpu = cpu_and_gpu(path, "int8")
-    ids = cpu.tokenize(PROMPT)
-    paths = []
-    for m in (cpu, gpu):
-        p = tmp_path / f"{m.backend.name}.jsonl"
-        write_trace(p, m, ids, run_trace(m, ids, 5), {"chunk": 5})
-        paths.append(p)
-    d = diff_traces(*paths)
-    assert d["identical"] and d["n_compared"] > 100
-
-    def fault(layer, op, pos, slots, rows):
-        if layer == 1 and op == "ffn_norm":
-            rows[:, 7] += 1.0
-
-    outs = []
-    for m in (cpu, gpu):
-        m.backend.hooks.append(fault)
-        outs.append(m.logits(ids))
-        m.backend.hooks.clear()
-    same(outs[1], outs[0], "with a fault")
-    assert not np.array_equal(bits(outs[0]), bits(cpu.logits(ids)))
+    check_trace_and_fault(tmp_path, cpu, gpu, 5, 1, "ffn_norm", 7)
 
 
 def test_verify_on_the_emulated_gpu(stories_path):
