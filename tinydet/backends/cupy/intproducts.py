@@ -64,15 +64,13 @@ class ActBuffers:
                   for B in (32, 256)}
 
 
-def int_mm(dev, x, segments: list, out, dummy, act: ActBuffers, norm, inv, bias, epi: int, float_mm) -> None:
-    """out[:, c0:n1] = x W^T for a layer's segments (`products.Matrix.layer`) of which some are integer
-    parts: x quantized once per block size the integer segments take, their `imm_*` launches, and the
-    float segments by `float_mm(dev, x, segments, out, dummy, norm, inv, bias, epi)`. With norm, `inv`
-    holds 1 / rms per row already."""
+def int_mm(dev, x, ints: list, out, dummy, act: ActBuffers, norm, inv, bias, epi: int) -> None:
+    """out[:, c0:n1] = x W^T for the integer segments of a layer (`products.Matrix.layer`; its float
+    segments are `products.mm`'s): x quantized once per block size they take, then their `imm_*`
+    launches. With norm, `inv` holds 1 / rms per row already."""
     T, K = x.shape
     if T > act.rows or K > act.k:
         raise ValueError(f"int_mm: {T} x {K} activations do not fit the buffers ({act.rows} x {act.k})")
-    ints = [s for s in segments if is_int(s[0])]
     nw = dummy if norm is None else norm[0]
     for B in sorted({block_of(s[0]) for s in ints}):
         xq, xd, xs = act.q[B]
@@ -84,6 +82,3 @@ def int_mm(dev, x, segments: list, out, dummy, act: ActBuffers, norm, inv, bias,
         tn = out_per_block(n1 - c0)
         dev.launch(f"imm_{name[len(PREFIX):]}", (-(-(n1 - c0) // tn), -(-T // IROWS)), (ITHREADS,),
                    (xq, xd, xs, T, K, *arrays, flags, p0, c0, n1, out, out.shape[1], bias_arr, epi, tn))
-    floats = [s for s in segments if not is_int(s[0])]
-    if floats:
-        float_mm(dev, x, floats, out, dummy, norm, inv, bias, epi)

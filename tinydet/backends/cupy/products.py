@@ -97,17 +97,16 @@ def mm(dev, x, segments: list, out, dummy, norm=None, inv=None, bias=None, epi: 
     `inv` (a float32 buffer of T), filled here first. Integer parts (the int8 mode) take `act`, an
     `intproducts.ActBuffers` their quantized activations are made in (`intproducts.int_mm`)."""
     T, K = x.shape
-    if any(is_int(s[0]) for s in segments):
-        if norm is not None:
-            rms_inv_rows(dev, x, norm[1], inv)
-        int_mm(dev, x, segments, out, dummy, act, norm, inv, bias, epi, mm)
-        return
+    ints = [s for s in segments if is_int(s[0])]
+    floats = [s for s in segments if not is_int(s[0])]
     nw, eps = norm if norm is not None else (dummy, 0.0)
-    bias = dummy if bias is None else bias
-    shapes = [_gemv_shape(T, K, n1 - c0) if T <= GEMV_ROWS else None for *_, c0, n1 in segments]
-    if norm is not None and any(sh is None for sh in shapes):
+    shapes = [_gemv_shape(T, K, n1 - c0) if T <= GEMV_ROWS else None for *_, c0, n1 in floats]
+    if norm is not None and (ints or any(sh is None for sh in shapes)):  # 1 / rms per row, once
         rms_inv_rows(dev, x, eps, inv)
-    for (name, arrays, flags, p0, c0, n1), shape in zip(segments, shapes):
+    if ints:
+        int_mm(dev, x, ints, out, dummy, act, norm, inv, bias, epi)
+    bias = dummy if bias is None else bias
+    for (name, arrays, flags, p0, c0, n1), shape in zip(floats, shapes):
         if shape is not None:
             tn, threads = shape
             dev.launch(f"gemv_{name}", (blocks(n1 - c0, tn), blocks(T, VROWS)), (threads,),
