@@ -241,24 +241,49 @@ class Model:
             self._done(r, g)
         return out
 
-    def chat_prompt(self, messages: Sequence[dict]) -> list[int]:
-        """Token ids of `messages` rendered with the model's chat template, ready for the reply."""
-        from .chat import render_chat
+    def chat_plan(self, messages: Sequence[dict], tools=None, tool_choice=None, parallel_tool_calls: bool = True,
+                  chat_template_kwargs: Mapping | None = None):
+        """The chat request made ready (`chat.plan.ChatPlan`): the prompt rendered by the model's template
+        with `tools` (OpenAI's function tools) and the template's options, the grammar that holds a
+        call to its function's schema, and the parser of the answer."""
+        from .chat.plan import plan_chat
 
-        tok = self.tokenizer
-        name = lambda i: tok.id_to_token(i) if i is not None else ""  # noqa: E731
-        text = render_chat(tok.chat_template, messages, bos_token=name(tok.bos_id),
-                           eos_token=name(tok.eos_ids[0] if tok.eos_ids else None))
+        return plan_chat(self.tokenizer, messages, tools, tool_choice, parallel_tool_calls, chat_template_kwargs)
+
+    def chat_prompt(self, messages: Sequence[dict], tools=None, tool_choice=None, parallel_tool_calls: bool = True,
+                    chat_template_kwargs: Mapping | None = None) -> list[int]:
+        """Token ids of `messages` rendered with the model's chat template, ready for the reply."""
+        plan = self.chat_plan(messages, tools, tool_choice, parallel_tool_calls, chat_template_kwargs)
         # The template writes any BOS itself, as in HF's apply_chat_template.
-        return self.tokenize(text, add_special=False)
+        return self.tokenize(plan.prompt, add_special=False)
 
     def chat(self, messages: Sequence[dict], max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, min_p: float = 0.0, seed: int = 0, stop: Sequence[str] | None = None,
-             json_schema=None, regex: str | None = None, grammar: str | None = None) -> Generation:
-        """The assistant's reply to `messages` ([{"role": "user", "content": "..."}, ...])."""
-        return self.generate(self.chat_prompt(messages), max_tokens=max_tokens, temperature=temperature,
-                             top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, stop=stop, json_schema=json_schema,
-                             regex=regex, grammar=grammar)
+             json_schema=None, regex: str | None = None, grammar: str | None = None, tools=None, tool_choice=None,
+             parallel_tool_calls: bool = True, chat_template_kwargs: Mapping | None = None) -> Generation:
+        """The assistant's reply to `messages` ([{"role": "user", "content": "..."}, ...]). With `tools`
+        (OpenAI's function tools; `tool_choice` "auto", "none", "required" or a function's name) the
+        model may call them, each call held to its function's schema. The result's `message` has the
+        reply read back: `content`, `reasoning_content` (thinking models) and `tool_calls`;
+        `finish_reason` is "tool_calls" when the reply ended with calls."""
+        plan = self.chat_plan(messages, tools, tool_choice, parallel_tool_calls, chat_template_kwargs)
+        if plan.grammar is not None and (json_schema is not None or regex is not None or grammar is not None):
+            raise TinydetError("tools: a call's grammar and json_schema/regex/grammar cannot both hold a reply "
+                               "(use tool_choice 'none' for a constrained text reply)")
+        ids = self.tokenize(plan.prompt, add_special=False)
+        r = self.request(ids, max_tokens, temperature, top_k, top_p, min_p, seed, stop, json_schema=json_schema,
+                         regex=regex, grammar=plan.grammar if plan.grammar is not None else grammar)
+        parser = plan.parser(chat_key(ids, seed))
+        g = None
+        for ev in stream(self.backend, self.tokenizer, r, self._drafter):
+            if ev.token is not None or ev.text:
+                parser.feed(ev.text, ev.token)
+            if ev.result is not None:
+                g = ev.result
+        parser.finish()
+        finish(g, parser.message, plan.parses)
+        self._done(r, g)
+        return g
 
     def stream(self, prompt: str | Sequence[int] = "", max_tokens: int = 256, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int = 0,
@@ -272,6 +297,21 @@ class Model:
                 yield ev.text
             if ev.result is not None:
                 self._done(r, ev.result)
+
+
+def chat_key(prompt_ids: Sequence[int], seed: int, index: int = 0) -> str:
+    """What a chat answer's call ids derive from: its prompt, seed and choice index."""
+    return f"{hash_ids(prompt_ids)}:{seed}:{index}"
+
+
+def finish(g: Generation, message, parsed: bool) -> None:
+    """Set a chat answer's `message` (the text as content where nothing was read back) and its finish
+    reason "tool_calls" when it ended with calls."""
+    from .chat.parse import ChatMessage
+
+    g.message = message if parsed else ChatMessage(content=g.text)
+    if g.message.tool_calls and g.finish_reason == "stop":
+        g.finish_reason = "tool_calls"
 
 
 def _dtypes() -> tuple[str, ...]:

@@ -68,6 +68,7 @@ class Generation:
     cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
     draft_tokens: int = 0  # tokens a speculative drafter proposed (`speculate.py`)
     draft_accepted: int = 0  # of them, those the model chose too and kept
+    message: object = None  # a chat answer read back (`chat.parse.ChatMessage`: reasoning, content, calls)
 
     @property
     def decode_passes(self) -> int:

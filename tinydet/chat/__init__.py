@@ -21,7 +21,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Mapping, Sequence
 
-from .errors import TinydetError
+from ..errors import TinydetError
 
 ROLES = ("system", "developer", "user", "assistant", "tool")  # developer: OpenAI's newer name for system
 
@@ -270,6 +270,7 @@ def _compile(template: str):
     env.globals["lipsum"] = _lipsum
     # Templates that print today's date get a fixed one: a clock would break determinism.
     env.globals["strftime_now"] = lambda fmt: datetime(2024, 1, 1).strftime(fmt)
+    env.filters["tojson"] = _tojson
     env.filters = {name: _guard_filter(name, f) for name, f in env.filters.items()}
     env.filters["tinydet_ticking"] = _ticking
     try:
@@ -284,7 +285,13 @@ def _compile(template: str):
         raise ChatTemplateError("chat template does not parse: it nests too deeply") from None
 
 
-def check_messages(messages: Sequence[Mapping[str, str]]) -> list[dict]:
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # transformers' names for it, in its order
+
+
+def check_messages(messages: Sequence[Mapping]) -> list[dict]:
+    """The messages as plain dicts, each checked: a known role, text content (None where an assistant's
+    turn is only tool calls). Other keys (tool_calls, tool_call_id, name, reasoning_content) pass through
+    to the template; an assistant's reasoning is given under each name templates read, as transformers does."""
     out = []
     # A str, bytes or dict iterates (as characters, ints, keys) but is not a list of messages.
     if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes, bytearray)):
@@ -292,19 +299,35 @@ def check_messages(messages: Sequence[Mapping[str, str]]) -> list[dict]:
     if not messages:
         raise TinydetError("messages: expected at least one message")
     for i, m in enumerate(messages):
-        if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
+        if not isinstance(m, Mapping) or "role" not in m or ("content" not in m and not m.get("tool_calls")):
             raise TinydetError(f"messages[{i}]: expected a mapping with 'role' and 'content'")
         if m["role"] not in ROLES:
             raise TinydetError(f"messages[{i}].role: expected one of {', '.join(ROLES)}, found {m['role']!r}")
-        if not isinstance(m["content"], str):
+        content = m.get("content")
+        if not (isinstance(content, str) or (content is None and m.get("tool_calls"))):
             raise TinydetError(f"messages[{i}].content: expected a string")
-        out.append(dict(m))
+        m = dict(m)
+        reasoning = next((m[k] for k in REASONING_FIELDS if m.get(k) is not None), None)
+        if reasoning is not None:
+            m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
+        out.append(m)
     return out
 
 
-def render_chat(template: str | None, messages: Sequence[Mapping[str, str]], bos_token: str = "",
-                eos_token: str = "", add_generation_prompt: bool = True) -> str:
-    """The prompt text for `messages`, ending with the assistant's turn opener when asked."""
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    """transformers' tojson (jinja2's own escapes <, >, & and ' and sorts keys): tool schemas render as
+    the model was trained on them."""
+    import json
+
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def render_chat(template: str | None, messages: Sequence[Mapping], bos_token: str = "",
+                eos_token: str = "", add_generation_prompt: bool = True, tools: Sequence[Mapping] | None = None,
+                **kwargs) -> str:
+    """The prompt text for `messages`, ending with the assistant's turn opener when asked. `tools` (OpenAI's
+    function tools) and `kwargs` (chat_template_kwargs: enable_thinking, reasoning_effort, ...) reach the
+    template as transformers' apply_chat_template passes them."""
     if not template:
         raise ChatTemplateError("chat: the model has no chat template (tokenizer.chat_template)")
     from jinja2.sandbox import SecurityError
@@ -313,8 +336,11 @@ def render_chat(template: str | None, messages: Sequence[Mapping[str, str]], bos
     msgs = check_messages(messages)
     _state.deadline, _state.written, _state.made = time.monotonic() + MAX_SECONDS, 0, 0
     try:
-        return "".join(compiled.generate(messages=msgs, bos_token=bos_token, eos_token=eos_token,
-                                         add_generation_prompt=add_generation_prompt))
+        context = {**kwargs, "messages": msgs, "bos_token": bos_token, "eos_token": eos_token,
+                   "add_generation_prompt": add_generation_prompt}
+        if tools is not None:
+            context["tools"] = [dict(t) for t in tools]
+        return "".join(compiled.generate(**context))
     except ChatTemplateError:
         raise
     except SecurityError as e:

@@ -1,0 +1,138 @@
+"""Tool-call syntaxes: how a family of models writes a call, read back from its text, and the grammar
+that holds a call to its function's schema while it is written.
+
+A syntax says where a call starts (`opener`) and ends (`closer`; None: at the end of the output), how
+the text between parses into calls (`parse_body`), and writes a Lark grammar for llguidance
+(`grammar`): with tool_choice "required" or a named function the output is calls and nothing else;
+with "auto" text is free until the model writes the opener, and from there the call is held to the
+schema (llguidance's lazy lexemes, as its docs describe for tool calling).
+
+`detect(template)` picks the syntax from the chat template's own text. A template that does not
+render tools at all gets the generic form: tools described in a system message (`generic_system`),
+calls written Hermes-style.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+
+from .tools import tool_schema
+
+Lit = Callable[[str], str]  # a marker's Lark form: a quoted string, or <[id]> for a control token
+
+
+def _quoted(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _args_json(value) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+class ToolSyntax:
+    """One family's call syntax. Subclasses set the markers and write parse_body and the call grammar."""
+
+    name = "base"
+    opener = ""
+    closer: str | None = None  # None: a call runs to the end of the output
+    id_style = "openai"  # how call ids look (tools.call_ids)
+    markers: tuple[str, ...] = ()  # texts that may be control tokens (decoded to nothing): named in the text
+
+    def parse_body(self, body: str, names: Sequence[str]) -> list[tuple[str, str]] | None:
+        """The calls (name, arguments as JSON object text) in the text between opener and closer, or
+        None when it is not a well-formed call of a known function (it is then returned as text)."""
+        raise NotImplementedError
+
+    def call_rest(self, tools: list[dict], names: Sequence[str], lit: Lit) -> str:
+        """Lark rules defining `call_rest`: what follows the opener in one whole call of one of `names`,
+        through the closer."""
+        raise NotImplementedError
+
+    def separator(self) -> str:
+        """Lark text between two calls of a parallel answer."""
+        return '"\\n"'
+
+    def grammar(self, tools: list[dict], choice: str, parallel: bool, lit: Lit, prefix: str = "") -> str:
+        """The answer's Lark grammar for tool_choice `choice` ("auto", "required" or a function's name).
+        `prefix` is Lark rules defining `prefix` (what comes before: reasoning), or "" for none."""
+        names = [t["function"]["name"] for t in tools] if choice in ("auto", "required") else [choice]
+        rest = self.call_rest(tools, names, lit)
+        opener = lit(self.opener)
+        head = "%llguidance {}\n"
+        if choice != "auto":
+            pre = "prefix " if prefix else ""
+            many = f" ({self.separator()} call)*" if parallel else ""
+            return f"{head}start: {pre}call{many}\ncall: {opener} call_rest\n{rest}\n{prefix}\n"
+        if opener.startswith("<["):  # a control token: free text cannot hold it, so no laziness is needed
+            more = "*" if parallel else "?"
+            return f"{head}start: TEXT ({opener} call_rest TEXT){more}\nTEXT: /(.|\\n)*/\n{rest}\n"
+        # llguidance's lazy tool-calling pattern: any text up to the opener, then the call's rules
+        start = "start: call* TEXT" if parallel else "start: TEXT | call"
+        return (f"{head}{start}\nTEXT: /(.|\\n)*/\ncall_hd[lazy]: TEXT {opener}\ncall: call_hd call_rest\n"
+                f"{rest}\n")
+
+
+class Hermes(ToolSyntax):
+    """`<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`: Qwen2.5, Qwen3, SmolLM3, Hermes,
+    and the generic form."""
+
+    name = "hermes"
+    opener, closer = "<tool_call>", "</tool_call>"
+    markers = ("<tool_call>", "</tool_call>")
+
+    def parse_body(self, body, names):
+        try:
+            obj = json.loads(body)
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(obj, dict) or obj.get("name") not in names:
+            return None
+        args = obj.get("arguments", obj.get("parameters", {}))
+        if isinstance(args, str):  # some models write the arguments as a JSON string
+            try:
+                args = json.loads(args)
+            except (ValueError, RecursionError):
+                return None
+        if not isinstance(args, dict) or set(obj) - {"name", "arguments", "parameters"}:
+            return None
+        return [(obj["name"], _args_json(args))]
+
+    def call_rest(self, tools, names, lit):
+        alts = [{"type": "object", "properties": {"name": {"const": n}, "arguments": tool_schema(tools, n)},
+                 "required": ["name", "arguments"], "additionalProperties": False} for n in names]
+        schema = alts[0] if len(alts) == 1 else {"anyOf": alts}
+        return (f"call_rest: \"\\n\" body \"\\n\" {lit(self.closer)}\n"
+                f"body: %json {json.dumps(schema, ensure_ascii=False)}")
+
+
+class Generic(Hermes):
+    """For templates that do not render tools: the tools described in a system message, calls written
+    Hermes-style (the tags are plain text in any vocabulary)."""
+
+    name = "generic"
+
+
+def generic_system(tools: list[dict]) -> str:
+    """The system text that offers `tools` to a model whose template does not."""
+    listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    return ("You may call functions to help answer. The functions, as JSON Schemas:\n<tools>\n" + listing +
+            "\n</tools>\nTo call one, answer with a JSON object of its name and arguments inside tags:\n"
+            '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+
+
+SYNTAXES: dict[str, type[ToolSyntax]] = {"hermes": Hermes, "generic": Generic}
+
+
+def detect(template: str | None) -> ToolSyntax:
+    """The syntax a chat template's model writes calls in (its own markers in the template's text); the
+    generic form for a template that does not render tools."""
+    t = template or ""
+    if "<tool_call>" in t and "tools" in t:
+        return Hermes()
+    return Generic()
+
+
+def renders_tools(template: str | None) -> bool:
+    """Whether the template itself writes the tools into the prompt (else the generic system text does)."""
+    return detect(template).name != "generic"
