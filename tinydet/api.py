@@ -273,16 +273,26 @@ class Model:
         ids = self.tokenize(plan.prompt, add_special=False)
         r = self.request(ids, max_tokens, temperature, top_k, top_p, min_p, seed, stop, json_schema=json_schema,
                          regex=regex, grammar=plan.grammar if plan.grammar is not None else grammar)
-        parser = plan.parser(chat_key(ids, seed))
-        g = None
-        for ev in stream(self.backend, self.tokenizer, r, self._drafter):
-            if ev.token is not None or ev.text:
-                parser.feed(ev.text, ev.token)
-            if ev.result is not None:
-                g = ev.result
-        parser.finish()
-        finish(g, parser.message, plan.parses)
+        g = generate(self.backend, self.tokenizer, r, self._drafter)
+        self.read_chat(plan, g, chat_key(ids, seed))
         self._done(r, g)
+        return g
+
+    def read_chat(self, plan, g: Generation, key: str) -> Generation:
+        """Read a chat answer `g` (generated from `plan.prompt` with `plan.grammar`) back: its `message`
+        (reasoning, content, calls; ids derived from `key`, see `chat_key`) and finish reason "tool_calls"
+        when it ended with calls. The text is fed to the parser token by token, as a server's stream feeds
+        it; the parser's answer does not depend on where its pieces break."""
+        parser = plan.parser(key)
+        if plan.parses:
+            decoder, left = self.tokenizer.stream(g.prompt_token_ids), len(g.text)
+            for t in g.token_ids:
+                piece = decoder.push(t)[:left]  # text past a stop string is not the answer's
+                left -= len(piece)
+                parser.feed(piece, t)
+            parser.feed(decoder.flush()[:left])
+            parser.finish()
+        finish(g, parser.message, plan.parses)
         return g
 
     def stream(self, prompt: str | Sequence[int] = "", max_tokens: int = 256, temperature: float = 0.0,

@@ -96,7 +96,7 @@ def plan_chat(tokenizer, messages: Sequence[Mapping], tools=None, tool_choice=No
                          **dict(template_kwargs or {}))
     plan = ChatPlan(prompt, tools, choice, bool(parallel_tool_calls))
     own = getattr(syn, "reasoning", None)  # a syntax that reads reasoning itself (harmony's channels)
-    if own is None and template and THINK[0] in template and THINK[1] in template:
+    if own is None and template and THINK[0] in template:
         plan.think = THINK
         plan.in_think = prompt.rstrip().endswith(THINK[0])
     if choice == "none":
