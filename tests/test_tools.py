@@ -218,3 +218,35 @@ def test_a_schema_llguidance_refuses_is_an_error_before_generation(smollm):
         "x": {"type": "string", "pattern": "(unclosed"}}}}}
     with pytest.raises(ConstraintError):
         smollm.chat(ASK, max_tokens=4, tools=[bad], tool_choice="required")
+
+
+# -- the CLI ----------------------------------------------------------------------------------------
+
+def test_cli_generate_json_reports_calls_and_chat_runs_the_loop(smollm_path, smollm, tmp_path):
+    import subprocess
+    import sys
+
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([ADD]))
+    run = lambda cmd, *a, **kw: subprocess.run([sys.executable, "-m", "tinydet", cmd, "--model", str(smollm_path),  # noqa: E731
+                                                "--dtype", "native", *a], capture_output=True, text=True,
+                                               timeout=600, **kw)
+    r = run("generate", "Add 2 and 3", "--chat", "--tools", str(tools), "--tool-choice", "add", "--max-tokens", "40",
+            "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    want = smollm.chat([{"role": "user", "content": "Add 2 and 3"}], max_tokens=40, tools=[ADD], tool_choice=named("add"))
+    assert out["message"] == want.message.openai() and out["output_hash"] == want.output_hash
+    call = out["message"]["tool_calls"][0]
+    # chat: the call is shown, the typed line goes back as the tool's result, the model answers
+    r = run("chat", "--tools", str(tools), "--tool-choice", "add", "--max-tokens", "40",
+            input="Add 2 and 3\n5\n\n")
+    assert r.returncode == 0, r.stderr
+    assert f"[call {call['id']}] add({call['function']['arguments']})" in r.stdout
+    assert f"result of add [{call['id']}]> " in r.stdout
+    tools.write_text(json.dumps([{"type": "function", "function": {"name": "a b"}}]))
+    r = run("generate", "x", "--chat", "--tools", str(tools))
+    assert r.returncode == 1 and "tools[0].function.name" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    tools.write_text(json.dumps({"tools": [ADD]}))
+    r = run("generate", "x", "--tools", str(tools))
+    assert r.returncode == 1 and "go with --chat" in r.stderr

@@ -24,8 +24,9 @@ def hash_logits(rows: Sequence[np.ndarray]) -> str:
 
 
 # The sources that decide a result's bits: the kernels, model formats and architectures, tokenizers,
-# chat templates, the engine, sampling and log-probabilities. Not the CLI, server, registry or tools.
-BIT_SOURCES = ("backends", "arch", "formats", "tokenizer", "engine", "config.py", "chat.py", "sampling.py",
+# chat templates and tool-call grammars, structured outputs, the engine, sampling and log-probabilities.
+# Not the CLI, server, registry or tools.
+BIT_SOURCES = ("backends", "arch", "formats", "tokenizer", "engine", "config.py", "chat", "structured.py", "sampling.py",
                "logprobs.py", "hashing.py")
 
 

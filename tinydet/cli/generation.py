@@ -17,6 +17,60 @@ from ..engine.speculate import speculation
 from .common import cli_errors, loader, model_options, sampling_options, speculative_option, structured_options
 
 
+def _read_tools(path):
+    """The tools of a JSON file (OpenAI's list of function tools, or an object with a "tools" list),
+    checked before the load; None without --tools."""
+    if path is None:
+        return None
+    from ..chat.tools import check_tools
+    from ..errors import TinydetError
+
+    try:
+        data = json.loads(open(path, encoding="utf-8").read())
+    except OSError as e:
+        raise TinydetError(f"--tools {path}: cannot read ({e.strerror})") from None
+    except ValueError as e:
+        raise TinydetError(f"--tools {path}: not JSON ({e})") from None
+    tools = data.get("tools") if isinstance(data, dict) else data
+    try:
+        return check_tools(tools)
+    except TinydetError as e:
+        raise TinydetError(f"--tools {path}: {e}") from None
+
+
+def _tool_choice(choice: str | None):
+    if choice in (None, "auto", "none", "required"):
+        return choice
+    return {"type": "function", "function": {"name": choice}}
+
+
+def tools_options(fn):
+    for opt in reversed([
+        click.option("--tools", "tools_path", type=click.Path(dir_okay=False), default=None,
+                     help="A JSON file of OpenAI function tools the model may call (with --chat for generate)."),
+        click.option("--tool-choice", default=None,
+                     help="auto (default with tools), none, required, or a function's name: that call."),
+        click.option("--template-kwargs", default=None,
+                     help='JSON object of the chat template\'s options, e.g. \'{"enable_thinking": false}\'.'),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def _template_kwargs(text: str | None) -> dict | None:
+    if text is None:
+        return None
+    from ..errors import TinydetError
+
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise TinydetError(f"--template-kwargs: not JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise TinydetError("--template-kwargs: expected a JSON object")
+    return value
+
+
 def _stream(pieces) -> None:
     for piece in pieces:
         click.echo(piece, nl=False)
@@ -33,10 +87,18 @@ def _stream(pieces) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 @speculative_option
 @structured_options
+@tools_options
 @cli_errors
 def generate(prompt, model_name, device, dtype, threads, verify, log_path, max_tokens, temperature, top_k, top_p, min_p,
-             seed, stop, as_chat, system, as_json, speculative, json_schema, regex, grammar):
-    """Continue PROMPT (empty: start from BOS), streaming the text as it is produced."""
+             seed, stop, as_chat, system, as_json, speculative, json_schema, regex, grammar, tools_path, tool_choice,
+             template_kwargs):
+    """Continue PROMPT (empty: start from BOS), streaming the text as it is produced. With --chat and
+    --json, the reply's reasoning and tool calls are reported apart from its content."""
+    from ..errors import TinydetError
+
+    tools, options = _read_tools(tools_path), _template_kwargs(template_kwargs)
+    if (tools is not None or tool_choice or options) and not as_chat:
+        raise TinydetError("--tools, --tool-choice and --template-kwargs go with --chat")
     check_speculative(speculative)  # before the load
     if json_schema is not None:
         from ..structured import check_schema_text
@@ -44,19 +106,29 @@ def generate(prompt, model_name, device, dtype, threads, verify, log_path, max_t
         check_schema_text(json_schema)  # before the load
     model = loader()(model_name, dtype, threads, verify, log_path, device)
     model.speculative = speculative
-    if as_chat:
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-        ids = model.chat_prompt(messages)
-    else:
-        ids = model.prompt_ids(prompt)
     kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                   min_p=min_p, seed=seed, stop=list(stop), json_schema=json_schema, regex=regex, grammar=grammar)
     model.constraint(json_schema, regex, grammar)  # compiled (or refused) before any output
-    if not as_json:
-        _stream(model.stream(ids, **kwargs))
-        return
     t0 = time.perf_counter()
-    g = model.generate(ids, **kwargs)
+    if as_chat:
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        chat_kw = dict(tools=tools, tool_choice=_tool_choice(tool_choice), chat_template_kwargs=options)
+        plan = model.chat_plan(messages, **chat_kw)
+        if plan.grammar is not None:
+            model.constraint(grammar=plan.grammar)  # a tool's schema llguidance refuses: before any output
+        if not as_json and not plan.parses:
+            _stream(model.stream(model.tokenize(plan.prompt, add_special=False), **kwargs))
+            return
+        g = model.chat(messages, **kwargs, **chat_kw)
+        if not as_json:  # the reply read back: reasoning, content, calls
+            _print_message(g.message)
+            return
+    else:
+        ids = model.prompt_ids(prompt)
+        if not as_json:
+            _stream(model.stream(ids, **kwargs))
+            return
+        g = model.generate(ids, **kwargs)
     total = time.perf_counter() - t0
     extra = {"speculative": speculation(g, model.speculative.name)} if model.speculative else {}
     click.echo(json.dumps({
@@ -66,6 +138,7 @@ def generate(prompt, model_name, device, dtype, threads, verify, log_path, max_t
         "finish_reason": g.finish_reason,
         "output_hash": g.output_hash,
         "logits_hash": g.logits_hash,
+        **({"message": g.message.openai()} if g.message is not None else {}),
         "settings": dict(g.settings, chat=as_chat),
         "model": str(model.path),
         "model_sha256": model.sha256,
@@ -76,6 +149,15 @@ def generate(prompt, model_name, device, dtype, threads, verify, log_path, max_t
         "tokens_per_second": g.tokens_per_second,
         **extra,
     }, ensure_ascii=False))
+
+
+def _print_message(message) -> None:
+    if message.reasoning_content:
+        click.echo(click.style(f"[reasoning] {message.reasoning_content}", dim=True))
+    if message.content:
+        click.echo(message.content)
+    for c in message.tool_calls:
+        click.echo(click.style(f"[call {c.id}] {c.name}({c.arguments})", bold=True))
 
 
 @contextlib.contextmanager
@@ -109,12 +191,15 @@ def _ctrl_c_flag():
 @sampling_options
 @click.option("--system", default=None, help="A system message to start the conversation with.")
 @speculative_option
+@tools_options
 @cli_errors
 def chat(model_name, device, dtype, threads, verify, log_path, max_tokens, temperature, top_k, top_p, min_p, seed, stop,
-         system, speculative):
+         system, speculative, tools_path, tool_choice, template_kwargs):
     """Talk with a model through its chat template. History is kept. Ctrl-C while a reply is being
     written stops it and returns to the prompt (the reply stays in the history as far as it got); an
-    empty line, /exit or Ctrl-D at the prompt ends (Ctrl-C there too, with exit status 130)."""
+    empty line, /exit or Ctrl-D at the prompt ends (Ctrl-C there too, with exit status 130). With
+    --tools the model may call them: each call is shown, you type its result, and the model goes on."""
+    tools, options = _read_tools(tools_path), _template_kwargs(template_kwargs)
     check_speculative(speculative)  # before the load
     model = loader()(model_name, dtype, threads, verify, log_path, device)
     model.speculative = speculative
@@ -130,6 +215,10 @@ def chat(model_name, device, dtype, threads, verify, log_path, max_tokens, tempe
         if not line.strip() or line.strip() in ("/exit", "/quit"):
             return
         messages.append({"role": "user", "content": line})
+        if tools is not None or options:
+            _agent_turn(model, messages, kwargs, dict(tools=tools, tool_choice=_tool_choice(tool_choice),
+                                                       chat_template_kwargs=options))
+            continue
         parts, stopped = [], False
         with _ctrl_c_flag() as ctrl_c:  # Ctrl-C stops this reply only, as llama.cpp's and ollama's chats do
             pieces = model.stream(model.chat_prompt(messages), **kwargs)
@@ -149,3 +238,23 @@ def chat(model_name, device, dtype, threads, verify, log_path, max_tokens, tempe
             click.echo(" [stopped]", nl=False)
         click.echo("")
         messages.append({"role": "assistant", "content": "".join(parts)})
+
+
+def _agent_turn(model, messages: list, kwargs: dict, chat_kw: dict) -> None:
+    """One user turn with tools: replies (each call shown, its result typed by the user as a tool
+    message) until the model answers without calling."""
+    for _ in range(16):  # a model that only ever calls is stopped here
+        g = model.chat(messages, **kwargs, **chat_kw)
+        _print_message(g.message)
+        messages.append(g.message.openai())
+        if not g.message.tool_calls:
+            return
+        for c in g.message.tool_calls:
+            try:
+                result = input(f"result of {c.name} [{c.id}]> ")
+            except EOFError:
+                result = ""
+            messages.append({"role": "tool", "tool_call_id": c.id, "content": result})
+        if chat_kw.get("tool_choice") not in (None, "auto", "none"):
+            chat_kw = dict(chat_kw, tool_choice="auto")  # a forced call once: then the model may answer
+    click.echo("[16 replies of calls in a row: back to you]")
