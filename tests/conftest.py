@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
@@ -91,6 +92,48 @@ def smollm_path() -> Path:
         return _fetch_smollm()
     except Exception as e:  # offline machine, registry error
         pytest.skip(f"SmolLM2-135M-Instruct Q4_1 GGUF unavailable: {e}")
+
+
+LLAMA_TEMPLATES = ("llama-cpp-python", "0.3.36")  # its sdist carries llama.cpp's models/templates/*.jinja
+
+
+def _fetch_llama_templates() -> Path:
+    """llama.cpp's collection of real chat templates, from llama-cpp-python's source package (only the
+    templates folder is kept): fetched at test time, never copied into this repository."""
+    package, version = LLAMA_TEMPLATES
+    dest = TEST_CACHE / f"llama-templates-{version}"
+    if dest.is_dir():
+        return dest
+    TEST_CACHE.mkdir(parents=True, exist_ok=True)
+    with file_lock(TEST_CACHE / f"llama-templates-{version}.lock"):
+        if dest.is_dir():  # another worker fetched it while this one waited
+            return dest
+        with tempfile.TemporaryDirectory(dir=TEST_CACHE) as tmp:
+            r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                                "--quiet", f"{package}=={version}", "-d", tmp], capture_output=True, text=True)
+            if r.returncode != 0:
+                raise RuntimeError(f"pip download {package}=={version} failed: {r.stderr.strip()[-300:]}")
+            sdist = next(Path(tmp).glob("*.tar.gz"))
+            part = Path(tmp) / "templates"
+            part.mkdir()
+            with tarfile.open(sdist) as tar:
+                for m in tar.getmembers():
+                    if m.isfile() and "/vendor/llama.cpp/models/templates/" in m.name and m.name.endswith(".jinja"):
+                        with tar.extractfile(m) as src:
+                            (part / Path(m.name).name).write_bytes(src.read())
+            if not any(part.iterdir()):
+                raise RuntimeError(f"{sdist.name} holds no models/templates/*.jinja")
+            os.replace(part, dest)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def llama_templates() -> Path:
+    """The folder of llama.cpp's chat templates (`Qwen-Qwen3-0.6B.jinja`, ...)."""
+    try:
+        return _fetch_llama_templates()
+    except Exception as e:  # offline machine, registry error
+        pytest.skip(f"llama.cpp's chat templates (llama-cpp-python {LLAMA_TEMPLATES[1]} sdist) unavailable: {e}")
 
 
 def _fetch_gemma3() -> Path:

@@ -18,9 +18,12 @@ so a stream's deltas joined equal the answer exactly, wherever the pieces break.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from .syntax import ToolSyntax
 from .tools import ToolCall, call_ids
+
+if TYPE_CHECKING:  # syntax imports its families, and harmony's parser imports this module
+    from .syntax import ToolSyntax
 
 
 @dataclass
@@ -102,6 +105,7 @@ class ChatParser:
         self.buf = ""  # text not yet given out
         self.call_text = ""  # a call's text since its opener
         self.n_calls = 0
+        self.began = False  # for an anchored syntax: the output's start is decided (a call or text)
         self.segment = _Segment()
         self.message = ChatMessage()
 
@@ -163,9 +167,24 @@ class ChatParser:
         if final:
             self._end_segment()
 
+    def _anchored(self, final) -> bool:
+        """For a syntax whose call must start the output: True once decided (the state may have become
+        "call"), False while the text so far could still begin a call."""
+        syn, s = self.syntax, self.buf.lstrip()
+        lead = next((x for x in syn.leads if s.startswith(x)), "")
+        s = s[len(lead):].lstrip()
+        if s.startswith(syn.opener):
+            self.buf, self.call_text, self.state = s[len(syn.opener):], "", "call"
+        elif not final and any(x.startswith(s) for x in (syn.opener, *([] if lead else syn.leads))):
+            return False
+        self.began = True
+        return True
+
     def _content(self, out, final):
         syn = self.syntax
-        done = syn is None or (not self.parallel and self.n_calls)
+        if syn is not None and syn.anchored and not self.began and (not self._anchored(final) or self.state == "call"):
+            return
+        done = syn is None or (not self.parallel and self.n_calls) or syn.anchored
         i = -1 if done else self.buf.find(syn.opener)
         if i >= 0:
             self._emit(out, "content", self.buf[:i])
