@@ -287,6 +287,8 @@ def test_grammar_with_control_token_markers(syn_name, choice, parallel):
     assert accepts(tok, g, call_text(syn_name, GOOD[:1]))
     assert accepts(tok, g, call_text(syn_name, GOOD)) == parallel
     assert not accepts(tok, g, call_text(syn_name, [("get_weather", {"city": 3})]))
+    if choice == "auto":  # (free text may hold the marker's text: it is not the control token)
+        return
     # the marker written as plain text is not the control token
     plain = call_text(syn_name, GOOD[:1]).replace(syn.markers[0], "")
     assert not accepts(tok, g, plain, ids=[*syn.markers[0].encode(), *tok.encode(plain)])
