@@ -106,10 +106,12 @@ class MistralArgs(ToolSyntax):
         return ""  # each call starts with its own [TOOL_CALLS]
 
     def call_rest(self, tools, names, lit):
-        rules = [f"call_rest: {' | '.join(f'fn_{i}' for i in range(len(names)))}"]
+        # the template writes [CALL_ID]id before [ARGS]: a model trained on it may write one
+        rules = [f"call_rest: {' | '.join(f'fn_{i}' for i in range(len(names)))}",
+                 f"call_id: {lit('[CALL_ID]')} CALL_ID\nCALL_ID: /[A-Za-z0-9]{{9}}/"]
         for i, n in enumerate(names):
             schema = json.dumps(tool_schema(tools, n), ensure_ascii=False)
-            rules.append(f"fn_{i}: {json.dumps(n)} {lit('[ARGS]')} args_{i}\nargs_{i}: %json {schema}")
+            rules.append(f"fn_{i}: {json.dumps(n)} call_id? {lit('[ARGS]')} args_{i}\nargs_{i}: %json {schema}")
         return "\n".join(rules)
 
 
