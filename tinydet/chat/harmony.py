@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 
-from .parse import ChatMessage, Delta, _holdback, _Segment
+from .parse import ChatMessage, Delta, StreamParser, _holdback, _Segment
 from .syntax import SYNTAXES, ToolSyntax, _args_json, _parse_json
 from .tools import ToolCall, call_ids, tool_schema
 
@@ -31,7 +31,7 @@ _RECIPIENT = re.compile(r"to=([^\s<]+)")
 _CHANNEL = re.compile(re.escape(CHANNEL) + r"\s*(\w+)")
 
 
-class HarmonyParser:
+class HarmonyParser(StreamParser):
     """ChatParser's interface (feed, finish, message) for harmony answers: `names` the functions a call
     may name (none: calls are content), `markers` {token id: text} of the control tokens."""
 
@@ -43,26 +43,6 @@ class HarmonyParser:
         self.n_messages = self.n_calls = 0
         self.segment = _Segment()
         self.message = ChatMessage()
-
-    def feed(self, text: str, token: int | None = None) -> list[Delta]:
-        if not text and token is not None:
-            text = self.markers.get(token, "")
-        self.buf += text
-        return self._run(final=False)
-
-    def finish(self) -> list[Delta]:
-        return self._run(final=True)
-
-    def _run(self, final: bool) -> list[Delta]:
-        out: list[Delta] = []
-        while True:
-            before = (self.state, len(self.buf))
-            self._header(out, final) if self.state == "header" else self._body(out, final)
-            if (self.state, len(self.buf)) == before:
-                break
-        for d in out:
-            self.message.add(d)
-        return out
 
     def _header(self, out, final):
         i = self.buf.find(MESSAGE)
@@ -116,11 +96,6 @@ class HarmonyParser:
         cid = call_ids(f"{self.key}\0{self.n_calls}\0{name}\0{args}", 1)[0]
         out.append(Delta("call", call=ToolCall(name, args, cid)))
         self.n_calls += 1
-
-    def _emit(self, out, kind, text):
-        text = self.segment.push(text)
-        if text:
-            out.append(Delta(kind, text))
 
 
 class Harmony(ToolSyntax):

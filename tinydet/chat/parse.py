@@ -90,7 +90,44 @@ class _Segment:
         self.started, self.pending = False, ""
 
 
-class ChatParser:
+class StreamParser:
+    """What ChatParser and harmony's parser share: text fed in (a control token named by `markers`),
+    each state's step (`_<state>(out, final)`) run until it stops changing, the deltas added to
+    `message`. Subclasses set state, buf, markers, segment and message."""
+
+    state: str
+    buf: str
+    markers: dict
+    segment: _Segment
+    message: ChatMessage
+
+    def feed(self, text: str, token: int | None = None) -> list[Delta]:
+        if not text and token is not None:
+            text = self.markers.get(token, "")
+        self.buf += text
+        return self._run(final=False)
+
+    def finish(self) -> list[Delta]:
+        return self._run(final=True)
+
+    def _emit(self, out: list[Delta], kind: str, text: str) -> None:
+        text = self.segment.push(text)
+        if text:
+            out.append(Delta(kind, text))
+
+    def _run(self, final: bool) -> list[Delta]:
+        out: list[Delta] = []
+        while True:
+            before = (self.state, len(self.buf))
+            getattr(self, f"_{self.state}")(out, final)
+            if (self.state, len(self.buf)) == before:
+                break
+        for d in out:
+            self.message.add(d)
+        return out
+
+
+class ChatParser(StreamParser):
     """One answer's parser. `syntax`: the tool-call syntax (None: no tools offered); `names`: the
     functions a call may name; `think`: (open tag, close tag) or None; `in_think`: the prompt ended
     inside the think tags; `markers`: {token id: text} for control tokens the text must show;
@@ -109,37 +146,10 @@ class ChatParser:
         self.segment = _Segment()
         self.message = ChatMessage()
 
-    # -- input ------------------------------------------------------------------------------------
-
-    def feed(self, text: str, token: int | None = None) -> list[Delta]:
-        if not text and token is not None:
-            text = self.markers.get(token, "")
-        self.buf += text
-        return self._run(final=False)
-
-    def finish(self) -> list[Delta]:
-        return self._run(final=True)
-
     # -- the states -------------------------------------------------------------------------------
-
-    def _emit(self, out: list[Delta], kind: str, text: str) -> None:
-        text = self.segment.push(text)
-        if text:
-            out.append(Delta(kind, text))
 
     def _end_segment(self) -> None:
         self.segment.end()
-
-    def _run(self, final: bool) -> list[Delta]:
-        out: list[Delta] = []
-        while True:
-            before = (self.state, len(self.buf))
-            getattr(self, f"_{self.state}")(out, final)
-            if (self.state, len(self.buf)) == before:
-                break
-        for d in out:
-            self.message.add(d)
-        return out
 
     def _start(self, out, final):
         opener = self.think[0]
