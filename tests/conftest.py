@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
@@ -63,6 +64,15 @@ def stories_greedy_text() -> str:
     return p.read_text(encoding="utf-8")
 
 
+def _pip_download(package: str, version: str, folder: str, pattern: str, *options: str) -> Path:
+    """The file `pip download` fetches of package==version into `folder` (matching `pattern`)."""
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *options,
+                        f"{package}=={version}", "-d", folder], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"pip download {package}=={version} failed: {r.stderr.strip()[-300:]}")
+    return next(Path(folder).glob(pattern))
+
+
 def _fetch_smollm() -> Path:
     package, version, member = SMOLLM_WHEEL
     dest = TEST_CACHE / Path(member).name
@@ -70,11 +80,7 @@ def _fetch_smollm() -> Path:
         return dest
     TEST_CACHE.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=TEST_CACHE) as tmp:
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                            f"{package}=={version}", "-d", tmp], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise RuntimeError(f"pip download {package}=={version} failed: {r.stderr.strip()[-300:]}")
-        wheel = next(Path(tmp).glob("*.whl"))
+        wheel = _pip_download(package, version, tmp, "*.whl")
         part = Path(tmp) / "model.part"
         with zipfile.ZipFile(wheel) as z, z.open(member) as src, open(part, "wb") as out:
             while chunk := src.read(1 << 20):
@@ -91,6 +97,44 @@ def smollm_path() -> Path:
         return _fetch_smollm()
     except Exception as e:  # offline machine, registry error
         pytest.skip(f"SmolLM2-135M-Instruct Q4_1 GGUF unavailable: {e}")
+
+
+LLAMA_TEMPLATES = ("llama-cpp-python", "0.3.36")  # its sdist carries llama.cpp's models/templates/*.jinja
+
+
+def _fetch_llama_templates() -> Path:
+    """llama.cpp's collection of real chat templates, from llama-cpp-python's source package (only the
+    templates folder is kept): fetched at test time, never copied into this repository."""
+    package, version = LLAMA_TEMPLATES
+    dest = TEST_CACHE / f"llama-templates-{version}"
+    if dest.is_dir():
+        return dest
+    TEST_CACHE.mkdir(parents=True, exist_ok=True)
+    with file_lock(TEST_CACHE / f"llama-templates-{version}.lock"):
+        if dest.is_dir():  # another worker fetched it while this one waited
+            return dest
+        with tempfile.TemporaryDirectory(dir=TEST_CACHE) as tmp:
+            sdist = _pip_download(package, version, tmp, "*.tar.gz", "--no-binary", ":all:")
+            part = Path(tmp) / "templates"
+            part.mkdir()
+            with tarfile.open(sdist) as tar:
+                for m in tar.getmembers():
+                    if m.isfile() and "/vendor/llama.cpp/models/templates/" in m.name and m.name.endswith(".jinja"):
+                        with tar.extractfile(m) as src:
+                            (part / Path(m.name).name).write_bytes(src.read())
+            if not any(part.iterdir()):
+                raise RuntimeError(f"{sdist.name} holds no models/templates/*.jinja")
+            os.replace(part, dest)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def llama_templates() -> Path:
+    """The folder of llama.cpp's chat templates (`Qwen-Qwen3-0.6B.jinja`, ...)."""
+    try:
+        return _fetch_llama_templates()
+    except Exception as e:  # offline machine, registry error
+        pytest.skip(f"llama.cpp's chat templates (llama-cpp-python {LLAMA_TEMPLATES[1]} sdist) unavailable: {e}")
 
 
 def _fetch_gemma3() -> Path:

@@ -18,9 +18,12 @@ so a stream's deltas joined equal the answer exactly, wherever the pieces break.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from .syntax import ToolSyntax
 from .tools import ToolCall, call_ids
+
+if TYPE_CHECKING:  # syntax imports its families, and harmony's parser imports this module
+    from .syntax import ToolSyntax
 
 
 @dataclass
@@ -87,7 +90,44 @@ class _Segment:
         self.started, self.pending = False, ""
 
 
-class ChatParser:
+class StreamParser:
+    """What ChatParser and harmony's parser share: text fed in (a control token named by `markers`),
+    each state's step (`_<state>(out, final)`) run until it stops changing, the deltas added to
+    `message`. Subclasses set state, buf, markers, segment and message."""
+
+    state: str
+    buf: str
+    markers: dict
+    segment: _Segment
+    message: ChatMessage
+
+    def feed(self, text: str, token: int | None = None) -> list[Delta]:
+        if not text and token is not None:
+            text = self.markers.get(token, "")
+        self.buf += text
+        return self._run(final=False)
+
+    def finish(self) -> list[Delta]:
+        return self._run(final=True)
+
+    def _emit(self, out: list[Delta], kind: str, text: str) -> None:
+        text = self.segment.push(text)
+        if text:
+            out.append(Delta(kind, text))
+
+    def _run(self, final: bool) -> list[Delta]:
+        out: list[Delta] = []
+        while True:
+            before = (self.state, len(self.buf))
+            getattr(self, f"_{self.state}")(out, final)
+            if (self.state, len(self.buf)) == before:
+                break
+        for d in out:
+            self.message.add(d)
+        return out
+
+
+class ChatParser(StreamParser):
     """One answer's parser. `syntax`: the tool-call syntax (None: no tools offered); `names`: the
     functions a call may name; `think`: (open tag, close tag) or None; `in_think`: the prompt ended
     inside the think tags; `markers`: {token id: text} for control tokens the text must show;
@@ -102,40 +142,14 @@ class ChatParser:
         self.buf = ""  # text not yet given out
         self.call_text = ""  # a call's text since its opener
         self.n_calls = 0
+        self.began = False  # for an anchored syntax: the output's start is decided (a call or text)
         self.segment = _Segment()
         self.message = ChatMessage()
 
-    # -- input ------------------------------------------------------------------------------------
-
-    def feed(self, text: str, token: int | None = None) -> list[Delta]:
-        if not text and token is not None:
-            text = self.markers.get(token, "")
-        self.buf += text
-        return self._run(final=False)
-
-    def finish(self) -> list[Delta]:
-        return self._run(final=True)
-
     # -- the states -------------------------------------------------------------------------------
-
-    def _emit(self, out: list[Delta], kind: str, text: str) -> None:
-        text = self.segment.push(text)
-        if text:
-            out.append(Delta(kind, text))
 
     def _end_segment(self) -> None:
         self.segment.end()
-
-    def _run(self, final: bool) -> list[Delta]:
-        out: list[Delta] = []
-        while True:
-            before = (self.state, len(self.buf))
-            getattr(self, f"_{self.state}")(out, final)
-            if (self.state, len(self.buf)) == before:
-                break
-        for d in out:
-            self.message.add(d)
-        return out
 
     def _start(self, out, final):
         opener = self.think[0]
@@ -163,9 +177,24 @@ class ChatParser:
         if final:
             self._end_segment()
 
+    def _anchored(self, final) -> bool:
+        """For a syntax whose call must start the output: True once decided (the state may have become
+        "call"), False while the text so far could still begin a call."""
+        syn, s = self.syntax, self.buf.lstrip()
+        lead = next((x for x in syn.leads if s.startswith(x)), "")
+        s = s[len(lead):].lstrip()
+        if s.startswith(syn.opener):
+            self.buf, self.call_text, self.state = s[len(syn.opener):], "", "call"
+        elif not final and any(x.startswith(s) for x in (syn.opener, *([] if lead else syn.leads))):
+            return False
+        self.began = True
+        return True
+
     def _content(self, out, final):
         syn = self.syntax
-        done = syn is None or (not self.parallel and self.n_calls)
+        if syn is not None and syn.anchored and not self.began and (not self._anchored(final) or self.state == "call"):
+            return
+        done = syn is None or (not self.parallel and self.n_calls) or syn.anchored
         i = -1 if done else self.buf.find(syn.opener)
         if i >= 0:
             self._emit(out, "content", self.buf[:i])

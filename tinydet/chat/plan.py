@@ -30,14 +30,18 @@ class ChatPlan:
     in_think: bool = False  # the prompt ends inside the think tags
     markers: dict = field(default_factory=dict)  # control token id -> the text it stands for
     grammar: str | None = None  # Lark for llguidance: the calls' constraint, or None
+    reader: ToolSyntax | None = None  # a syntax that reads the whole answer itself (harmony), tools or not
 
     @property
     def parses(self) -> bool:
         """Whether the answer needs the parser (else its text is the content, as a plain chat's)."""
-        return self.syntax is not None or self.think is not None
+        return self.syntax is not None or self.think is not None or self.reader is not None
 
-    def parser(self, key: str = "") -> ChatParser:
+    def parser(self, key: str = ""):
+        """The answer's parser: a ChatParser, or the reader syntax's own (feed, finish, message alike)."""
         names = [t["function"]["name"] for t in self.tools] if self.choice in ("auto", "required") else [self.choice]
+        if self.reader is not None:
+            return self.reader.make_parser(names if self.syntax else (), self.markers, key, self.parallel)
         return ChatParser(self.syntax, names, self.think, self.in_think, self.markers, key, self.parallel)
 
 
@@ -99,14 +103,17 @@ def plan_chat(tokenizer, messages: Sequence[Mapping], tools=None, tool_choice=No
     if own is None and template and THINK[0] in template:
         plan.think = THINK
         plan.in_think = prompt.rstrip().endswith(THINK[0])
-    if choice == "none":
+    if own is not None:
+        plan.reader = syn
+    if choice == "none" and own is None:
         return plan
-    plan.syntax = syn
-    texts = (*syn.markers, *(plan.think or ()))
-    for text in texts:
+    for text in (*syn.markers, *(plan.think or ())):
         tid = _control_id(tokenizer, text)
         if tid is not None:
             plan.markers[tid] = text
+    if choice == "none":
+        return plan
+    plan.syntax = syn
     control = {t: i for i, t in plan.markers.items()}
     lit = lambda text: f"<[{control[text]}]>" if text in control else json.dumps(text, ensure_ascii=False)  # noqa: E731
     prefix = ""

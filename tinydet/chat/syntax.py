@@ -38,6 +38,8 @@ class ToolSyntax:
     closer: str | None = None  # None: a call runs to the end of the output
     id_style = "openai"  # how call ids look (tools.call_ids)
     markers: tuple[str, ...] = ()  # texts that may be control tokens (decoded to nothing): named in the text
+    anchored = False  # a call only at the start of the output (Llama 3's bare JSON): later text is content
+    leads: tuple[str, ...] = ()  # texts an anchored call may start with, dropped (Llama's <|python_tag|>)
 
     def parse_body(self, body: str, names: Sequence[str]) -> list[tuple[str, str]] | None:
         """The calls (name, arguments as JSON object text) in the text between opener and closer, or
@@ -62,7 +64,8 @@ class ToolSyntax:
         head = "%llguidance {}\n"
         if choice != "auto":
             pre = "prefix " if prefix else ""
-            many = f" ({self.separator()} call)*" if parallel else ""
+            sep = self.separator()
+            many = f" ({sep + ' ' if sep else ''}call)*" if parallel else ""
             return f"{head}start: {pre}call{many}\ncall: {opener} call_rest\n{rest}\n{prefix}\n"
         if opener.startswith("<["):  # a control token: free text cannot hold it, so no laziness is needed
             more = "*" if parallel else "?"
@@ -82,26 +85,11 @@ class Hermes(ToolSyntax):
     markers = ("<tool_call>", "</tool_call>")
 
     def parse_body(self, body, names):
-        try:
-            obj = json.loads(body)
-        except (ValueError, RecursionError):
-            return None
-        if not isinstance(obj, dict) or obj.get("name") not in names:
-            return None
-        args = obj.get("arguments", obj.get("parameters", {}))
-        if isinstance(args, str):  # some models write the arguments as a JSON string
-            try:
-                args = json.loads(args)
-            except (ValueError, RecursionError):
-                return None
-        if not isinstance(args, dict) or set(obj) - {"name", "arguments", "parameters"}:
-            return None
-        return [(obj["name"], _args_json(args))]
+        call = name_args(_parse_json(body), names)
+        return [call] if call else None
 
     def call_rest(self, tools, names, lit):
-        alts = [{"type": "object", "properties": {"name": {"const": n}, "arguments": tool_schema(tools, n)},
-                 "required": ["name", "arguments"], "additionalProperties": False} for n in names]
-        schema = alts[0] if len(alts) == 1 else {"anyOf": alts}
+        schema = call_schema(tools, names)
         return (f"call_rest: \"\\n\" body \"\\n\" {lit(self.closer)}\n"
                 f"body: %json {json.dumps(schema, ensure_ascii=False)}")
 
@@ -124,15 +112,50 @@ def generic_system(tools: list[dict]) -> str:
 SYNTAXES: dict[str, type[ToolSyntax]] = {"hermes": Hermes, "generic": Generic}
 
 
+def _parse_json(text: str):
+    """The JSON value `text` holds (whitespace around it allowed), or None."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
+def name_args(obj, names: Sequence[str], keys=("arguments", "parameters"), extra=()) -> tuple[str, str] | None:
+    """(name, arguments JSON text) of a call written as {"name": ..., "arguments" or "parameters": {...}}
+    naming one of `names` (other keys only those in `extra`), else None. Arguments written as a JSON
+    string (some models do) are read as the object it holds."""
+    if not isinstance(obj, dict) or obj.get("name") not in names or set(obj) - {"name", *keys, *extra}:
+        return None
+    args = next((obj[k] for k in keys if k in obj), {})
+    if isinstance(args, str):
+        args = _parse_json(args)
+    return (obj["name"], _args_json(args)) if isinstance(args, dict) else None
+
+
+def call_schema(tools: list[dict], names: Sequence[str], key: str = "arguments", extra: dict | None = None) -> dict:
+    """The JSON Schema of one call object {"name": n, key: n's arguments} of any of `names`."""
+    alts = [{"type": "object", "properties": {"name": {"const": n}, key: tool_schema(tools, n), **(extra or {})},
+             "required": ["name", key], "additionalProperties": False} for n in names]
+    return alts[0] if len(alts) == 1 else {"anyOf": alts}
+
+
 def detect(template: str | None) -> ToolSyntax:
     """The syntax a chat template's model writes calls in (its own markers in the template's text); the
     generic form for a template that does not render tools."""
     t = template or ""
-    if "<tool_call>" in t and "tools" in t:
-        return Hermes()
-    return Generic()
+    checks = (("harmony", "<|channel|>" in t and "<|call|>" in t),
+              ("mistral_args", "[TOOL_CALLS]" in t and "[ARGS]" in t),
+              ("mistral", "[TOOL_CALLS]" in t),
+              ("hermes", "<tool_call>" in t and "tools" in t),
+              ("llama3_json", '"parameters"' in t and "<|eot_id|>" in t and "tools" in t),
+              ("phi4_mini", "functools" in t or ("<|tool|>" in t and "<|/tool|>" in t)))
+    return SYNTAXES[next((name for name, hit in checks if hit), "generic")]()
 
 
 def renders_tools(template: str | None) -> bool:
     """Whether the template itself writes the tools into the prompt (else the generic system text does)."""
     return detect(template).name != "generic"
+
+
+# the other families register themselves into SYNTAXES (imported last: they build on the classes above)
+from . import families, harmony  # noqa: E402,F401
