@@ -11,11 +11,11 @@ from tinydet.structured import available as structured_available
 from tinydet.tools.trace import diff_traces, run_trace, write_trace
 from tinydet.tools.verify import numba_targets
 
-# `verify`'s cells per dtype: 20 in its own process and 4 of structured outputs where llguidance is
-# installed (the test extra has it), plus one per other numba target this host can run and one with NumPy's
+# `verify`'s cells per dtype: 20 in its own process, 4 of structured outputs and 4 of tool calls where
+# llguidance is installed (the test extra has it), plus one per other numba target this host can run and one with NumPy's
 # AVX2/AVX-512 dispatch off. Its default dtypes: fp32, fp16 and native, and int8 for a file with
 # quantized matrices.
-_IN_PROCESS = 20 + (4 if structured_available() else 0)
+_IN_PROCESS = 20 + (8 if structured_available() else 0)
 VERIFY_CELLS = 3 * (_IN_PROCESS + len(numba_targets()))
 VERIFY_CELLS_QUANTIZED = 4 * (_IN_PROCESS + len(numba_targets()))
 

@@ -27,9 +27,10 @@ def test_verify_stories_passes_every_cell(stories_path):
     assert len(out["cells"]) == CELLS and all(c["ok"] for c in out["cells"])
     assert {c["variant"] for c in out["cells"] if c["group"] == "numba target"} == set(numba_targets())
     # native storage gives fp32's hash in every cell (a constrained request's own, in its cells)
-    assert len({c["hash"] for c in out["cells"] if c["dtype"] in ("fp32", "native") and c["group"] != "structured"}) == 1
-    structured = [c for c in out["cells"] if c["group"] == "structured"]
-    assert len(structured) == 12 and len({c["hash"] for c in structured if c["dtype"] in ("fp32", "native")}) == 1
+    assert len({c["hash"] for c in out["cells"] if c["dtype"] in ("fp32", "native") and c["group"] not in ("structured", "tools")}) == 1
+    for group in ("structured", "tools"):
+        cells = [c for c in out["cells"] if c["group"] == group]
+        assert len(cells) == 12 and len({c["hash"] for c in cells if c["dtype"] in ("fp32", "native")}) == 1
 
 
 def test_verify_smollm_passes(smollm_path):
@@ -52,4 +53,5 @@ def test_verify_catches_a_thread_dependent_kernel(stories_path):
 
     cells = run_matrix(load, stories_path, [1, 403, 407], 4, dtypes=("fp32",), subprocesses=False)
     bad = {(c.group, c.variant) for c in cells if not c.ok}
-    assert bad == {("threads", "3"), ("threads", "4"), ("structured", "3 threads, chunks of 7")}
+    assert bad == {("threads", "3"), ("threads", "4"), ("structured", "3 threads, chunks of 7"),
+                   ("tools", "3 threads, chunks of 7")}

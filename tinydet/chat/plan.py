@@ -79,6 +79,13 @@ def _generic_messages(messages: list[dict], tools: list[dict]) -> list[dict]:
     return out
 
 
+def think_prefix(in_think: bool) -> str:
+    """Lark rules for `prefix`: the model's think block before a required call (the rest of it when the
+    prompt opened it; optional when not), then the blank line the templates write after it."""
+    body = r'/(.|\n)*<\/think>/' if in_think else r'/<think>(.|\n)*<\/think>/'
+    return f'prefix: (think_block "\\n\\n"){"" if in_think else "?"}\nthink_block[lazy]: {body}'
+
+
 def plan_chat(tokenizer, messages: Sequence[Mapping], tools=None, tool_choice=None, parallel_tool_calls: bool = True,
               template_kwargs: Mapping | None = None, syntax: str | None = None) -> ChatPlan:
     """The plan of a chat request (tools and tool_choice as OpenAI's API takes them; `template_kwargs`
@@ -118,9 +125,6 @@ def plan_chat(tokenizer, messages: Sequence[Mapping], tools=None, tool_choice=No
     lit = lambda text: f"<[{control[text]}]>" if text in control else json.dumps(text, ensure_ascii=False)  # noqa: E731
     prefix = ""
     if choice != "auto" and plan.think is not None and not plan.prompt.rstrip().endswith(THINK[1]):
-        # a required call may come after the model's reasoning: the think block, then the call
-        body = r'/(.|\n)*<\/think>/' if plan.in_think else r'/<think>(.|\n)*<\/think>/'
-        opt = "" if plan.in_think else "?"
-        prefix = f'prefix: (think_block "\\n\\n"){opt}\nthink_block[lazy]: {body}'
+        prefix = think_prefix(plan.in_think)  # a required call may come after the model's reasoning
     plan.grammar = syn.grammar(tools, choice, plan.parallel, lit, prefix)
     return plan

@@ -95,6 +95,42 @@ def run_structured(model, prompt_ids, n_new, where: str = "alone", step_tokens=N
     return hashlib.sha256((g.output_hash + g.logits_hash).encode()).hexdigest()
 
 
+# Tool calls (tinydet/chat/): a required call after optional reasoning and an auto one, in the generic
+# syntax (any vocabulary spells it), read back by the parser; the digest covers the message and call ids.
+VERIFY_TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {
+    "type": "object", "properties": {"q": {"type": "string", "maxLength": 24}, "n": {"type": "integer"}},
+    "required": ["q", "n"], "additionalProperties": False}}}]
+
+
+def run_tools(model, prompt_ids, n_new, where: str = "alone", step_tokens=None, speculative=None) -> str:
+    """A required call (reasoning allowed first) and a sampled auto request, alone or among others,
+    prefilled whole or `step_tokens` a step, with a drafter or not: the digest of both answers (ids,
+    logits rows, the message read back with its call ids)."""
+    from ..chat.parse import ChatParser
+    from ..chat.plan import THINK, think_prefix
+    from ..chat.syntax import Generic
+
+    syn, lit = Generic(), lambda t: json.dumps(t)  # noqa: E731
+    targets = [model.request(list(prompt_ids), max_tokens=n_new, temperature=0.8, seed=1,
+                             grammar=syn.grammar(VERIFY_TOOLS, "required", True, lit, think_prefix(False))),
+               model.request(list(prompt_ids), max_tokens=n_new, temperature=0.8, seed=2,
+                             grammar=syn.grammar(VERIFY_TOOLS, "auto", True, lit))]
+    others = [model.request(p, max_tokens=n_new + 3 * i, temperature=0.8, seed=i) for i, p in enumerate(OTHER_PROMPTS)]
+    batch = targets if where == "alone" else others[:1] + targets[:1] + others[1:] + targets[1:]
+    out = generate_batch(model.backend, model.tokenizer, batch, len(batch), step_tokens, speculative)
+    h = hashlib.sha256()
+    for t in targets:
+        g = out[batch.index(t)]
+        parser = ChatParser(syn, ["lookup"], THINK, False, {}, "verify")
+        decoder = model.tokenizer.stream(g.prompt_token_ids)
+        for tok in g.token_ids:
+            parser.feed(decoder.push(tok), tok)
+        parser.feed(decoder.flush())
+        parser.finish()
+        h.update((g.output_hash + g.logits_hash + json.dumps(parser.message.openai())).encode())
+    return h.hexdigest()
+
+
 # An AVX2-only x86-64 (Haswell's features, none of AVX-512): numba takes the host's features unless told
 # otherwise, so NUMBA_CPU_NAME alone would still compile AVX-512 code.
 AVX2_FEATURES = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fsgsbase,+fxsr,+lzcnt,+mmx,+movbe,"
@@ -193,6 +229,13 @@ def run_matrix(load, model_name, prompt_ids, n_new: int, dtypes=("fp32", "fp16",
             model.threads = 1
             add("structured", "ngram, among others",
                 lambda: (None, None, run_structured(model, ids, n_new, "among", None, NgramDrafter())))
+            add("tools", "baseline: alone, 1 thread", lambda: (None, None, run_tools(model, ids, n_new)))
+            add("tools", "among others", lambda: (None, None, run_tools(model, ids, n_new, "among")))
+            model.threads = 3
+            add("tools", "3 threads, chunks of 7", lambda: (None, None, run_tools(model, ids, n_new, "alone", 7)))
+            model.threads = 1
+            add("tools", "ngram, among others",
+                lambda: (None, None, run_tools(model, ids, n_new, "among", None, NgramDrafter())))
         if reference is not None:
             ref = reference(dtype)
             add("backend", ref.backend.name, lambda: run_cached(ref, ids, n_new))
@@ -204,12 +247,12 @@ def run_matrix(load, model_name, prompt_ids, n_new: int, dtypes=("fp32", "fp16",
                     progress(f"{dtype} {group} {variant}")
                 h, err = _subprocess_cell(model_name, dtype, ids, n_new, env)
                 cells.append(Cell(dtype, group, variant, h, note=err))
-    # Each cell against its dtype's baseline: the plain workload's, or for structured cells the
-    # constrained request's own. Native storage computes fp32's bits, so it is held to fp32's.
-    kind = lambda c: c.group == "structured"  # noqa: E731
+    # Each cell against its dtype's baseline: the plain workload's, or for structured and tools cells
+    # the constrained requests' own. Native storage computes fp32's bits, so it is held to fp32's.
+    kind = lambda c: c.group if c.group in ("structured", "tools") else ""  # noqa: E731
     is_base = lambda c: c.group == "baseline" or (kind(c) and c.variant.startswith("baseline"))  # noqa: E731
     baselines = {(c.dtype, kind(c)): c.hash for c in cells if is_base(c)}
-    for k in (False, True):
+    for k in ("", "structured", "tools"):
         if ("fp32", k) in baselines and ("native", k) in baselines:
             baselines[("native", k)] = baselines[("fp32", k)]
     for c in cells:
