@@ -25,7 +25,7 @@ def hash_logits(rows: Sequence[np.ndarray]) -> str:
 
 # The sources that decide a result's bits: the kernels, model formats and architectures, tokenizers,
 # chat templates, the engine, sampling and log-probabilities. Not the CLI, server, registry or tools.
-BIT_SOURCES = ("backends", "arch", "formats", "tokenizer", "engine", "config.py", "chat.py", "sampling.py",
+BIT_SOURCES = ("backends", "arch", "formats", "tokenizer", "engine", "config.py", "chat", "sampling.py",
                "logprobs.py", "hashing.py")
 
 
