@@ -19,7 +19,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..errors import ContextLengthError, TinydetError
-from . import chat_tools
+from . import chat_tools, responses_api
 from .chat_tools import compile_constraint
 from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, _json,
                        parse, read_body)
@@ -168,6 +168,10 @@ class _App:
         chat_tools.attach(jobs, prep, seed)
         return jobs, seed
 
+    async def responses(self, req: HTTPRequest) -> Response:
+        """OpenAI's Responses API, stateless, answered by the chat path (`responses_api.py`)."""
+        return await responses_api.answer(self, req)
+
     # -- the rest ---------------------------------------------------------------------------------
 
     async def models(self, req: HTTPRequest) -> Response:
@@ -305,6 +309,7 @@ def create_app(service: Service) -> Starlette:
         Route("/v1/models/{name:path}", a.model, methods=["GET"]),
         Route("/v1/completions", a.completions, methods=["POST"]),
         Route("/v1/chat/completions", a.chat_completions, methods=["POST"]),
+        Route("/v1/responses", a.responses, methods=["POST"]),
         Route("/tokenize", a.tokenize, methods=["POST"]),
         Route("/detokenize", a.detokenize, methods=["POST"]),
         Route("/tokenizer_info", a.tokenizer_info, methods=["GET"]),
