@@ -76,8 +76,8 @@ def test_required_call_validates_and_equals_model_chat(server, smollm, choice):
     jsonschema.validate(json.loads(call.function.arguments), schema)
     # the library's answer to the same request: the same message, the same call ids
     g = smollm.chat(ASK, max_tokens=48, tools=TOOLS, tool_choice=choice, parallel_tool_calls=False)
-    assert _whole(ch.message) == (g.message.content or "", g.message.reasoning_content,
-                                  [{"id": t.id, "name": t.name, "arguments": t.arguments} for t in g.message.tool_calls])
+    want = [{"id": t.id, "name": t.name, "arguments": t.arguments} for t in g.message.tool_calls]
+    assert _whole(ch.message) == (g.message.content or "", g.message.reasoning_content, want)
     assert ch.finish_reason == g.finish_reason
     # streamed: the pieces joined equal the whole answer, ids included; the same request gives the same ids
     content, reasoning, calls, reason = _joined(c.chat.completions.create(model=NAME, messages=ASK, stream=True, **kw))

@@ -230,6 +230,6 @@ async def answer(app, req: HTTPRequest) -> Response:
 
 def _frame(event: dict) -> str:
     if "error" in event:  # an error after the 200: the Responses API's error event
-        event = {"type": "error", **event["error"], "sequence_number": None}
+        event = {**event["error"], "type": "error", "sequence_number": None}
     return f"event: {event['type']}\ndata: {_dumps(event)}\n\n"
 
