@@ -19,6 +19,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..errors import ContextLengthError, TinydetError
+from . import chat_tools, responses_api
+from .chat_tools import compile_constraint
 from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, _json,
                        parse, read_body)
 from .responses import Answers
@@ -84,20 +86,13 @@ class _App:
         pinned = self._pinned(req).get("seed")
         return secrets.randbits(63) if pinned is None else pinned
 
-    def _constraint(self, body) -> dict:
-        """The request's constraint as `Model.request` takes it, compiled now (then cached): a bad
-        schema or grammar is a 400 naming its field before any other work."""
-        from ..structured import ConstraintError
-
+    def _constraint(self, body) -> tuple[str, dict]:
+        """(the field that asks, the request's constraint as `Model.request` takes it), compiled now
+        (then cached): a bad schema or grammar is a 400 naming its field before any other work."""
         asker, constraint = body.constraint()
         if constraint:
-            try:
-                self.service.model.constraint(**constraint)
-            except ConstraintError as e:
-                raise APIError(400, f"{asker}: {e.why}", param=asker) from None
-            except TinydetError as e:  # the structured extra is missing
-                raise APIError(400, f"{asker}: {e}", param=asker) from None
-        return constraint
+            compile_constraint(self.service.model, asker, **constraint)
+        return asker, constraint
 
     def _jobs(self, req: HTTPRequest, body, prompts: list[tuple[str, list[int]]], max_tokens: int | None,
               top: int | None, echo: bool, param: str, constraint: dict) -> tuple[list[_Job], int]:
@@ -133,7 +128,7 @@ class _App:
     async def completions(self, req: HTTPRequest) -> Response:
         body: CompletionRequest = await self._body(req, CompletionRequest)
         model = self.service.model
-        constraint = self._constraint(body)
+        constraint = self._constraint(body)[1]
         prompts = []
         for i, p in enumerate(body.prompts):
             where = "prompt" if len(body.prompts) == 1 else f"prompt[{i}]"
@@ -157,19 +152,25 @@ class _App:
 
     async def chat_completions(self, req: HTTPRequest) -> Response:
         body: ChatCompletionRequest = await self._body(req, ChatCompletionRequest)
-        model = self.service.model
-        constraint = self._constraint(body)
-        try:
-            ids = model.chat_prompt([m.plain() for m in body.messages])
-        except TinydetError as e:
-            raise APIError(400, f"messages: {e}", param="messages") from None
-        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        top = (body.top_logprobs or 0) if body.logprobs else None
-        jobs, seed = self._jobs(req, body, [("", ids)], max_tokens, top, False, "messages", constraint)
+        jobs, seed = self.chat_jobs(req, body)
         rid, created = self._ids(req, "chatcmpl")
 
         chunks, final = self.answers.chat(body, rid, created)
         return await self.runner.run(req, body, jobs, seed, chunks, final)
+
+    def chat_jobs(self, req: HTTPRequest, body: ChatCompletionRequest) -> tuple[list[_Job], int]:
+        """A chat request's checked choices as engine jobs, each with its parser where the answer is
+        read back (tools, a thinking template); (the jobs, the seed)."""
+        prep = chat_tools.prepare(self.service.model, body, self._constraint(body))
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        top = (body.top_logprobs or 0) if body.logprobs else None
+        jobs, seed = self._jobs(req, body, [("", prep.ids)], max_tokens, top, False, "messages", prep.constraint)
+        chat_tools.attach(jobs, prep, seed)
+        return jobs, seed
+
+    async def responses(self, req: HTTPRequest) -> Response:
+        """OpenAI's Responses API, stateless, answered by the chat path (`responses_api.py`)."""
+        return await responses_api.answer(self, req)
 
     # -- the rest ---------------------------------------------------------------------------------
 
@@ -308,6 +309,7 @@ def create_app(service: Service) -> Starlette:
         Route("/v1/models/{name:path}", a.model, methods=["GET"]),
         Route("/v1/completions", a.completions, methods=["POST"]),
         Route("/v1/chat/completions", a.chat_completions, methods=["POST"]),
+        Route("/v1/responses", a.responses, methods=["POST"]),
         Route("/tokenize", a.tokenize, methods=["POST"]),
         Route("/detokenize", a.detokenize, methods=["POST"]),
         Route("/tokenizer_info", a.tokenizer_info, methods=["GET"]),

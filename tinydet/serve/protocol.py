@@ -196,12 +196,21 @@ class Message(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[dict] | None = None  # checked by chat.tools.check_history, which names the field
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
 
     def plain(self) -> dict:
         c = self.content
         text = c if isinstance(c, str) else "".join(p.text for p in c or [])
+        if c is None and self.tool_calls:  # an assistant turn of calls only
+            text = None
         # OpenAI's newer name for the system role; chat templates know "system".
-        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+        out = {"role": "system" if self.role == "developer" else self.role, "content": text}
+        for k in ("tool_calls", "tool_call_id", "reasoning_content"):  # only when given: a plain chat's prompt stays
+            if getattr(self, k) is not None:
+                out[k] = getattr(self, k)
+        return out
 
 
 class ChatCompletionRequest(_Sampling):
@@ -209,6 +218,12 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP)] | None = None
+    # tools (checked by chat.tools, which names the field at fault); OpenAI refuses an empty list
+    tools: Annotated[list[dict], Field(min_length=1)] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool = True
+    chat_template_kwargs: dict | None = None  # vLLM's: options the template reads (enable_thinking, ...)
+    reasoning_effort: str | None = None  # reaches the template as reasoning_effort
 
     @model_validator(mode="after")
     def _chat(self):

@@ -4,6 +4,7 @@ whole and as stream chunks, with their logprobs, usage and tinydet's own fields;
 from __future__ import annotations
 
 from ..hashing import hash_ids, hash_logits
+from . import chat_tools
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .service import Service
 from .streaming import _Job
@@ -134,9 +135,10 @@ class Answers:
             if usage_only:
                 return {**self._head("chat.completion.chunk", rid, created, seed), "choices": [],
                         "usage": self._usage(jobs, body.n)}
-            choices = [{"index": j.index, "message": {"role": "assistant", "content": "".join(j.text)},
+            choices = [{"index": j.index, "message": chat_tools.message(j),
                         "logprobs": {"content": content(j.logprobs)} if j.top is not None else None,
-                        "finish_reason": self._reason(j), **self._extension(j, body)} for j in jobs]
+                        "finish_reason": chat_tools.reason(j, self._reason(j)), **self._extension(j, body)}
+                       for j in jobs]
             return {**head, "choices": choices, "usage": self._usage(jobs, body.n)}
 
         def chunks(job, data, started, seed, include_usage):
@@ -149,12 +151,18 @@ class Answers:
                 started.add(index)
                 yield {**head, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
                                             "logprobs": None, "finish_reason": None}]}
-            if text or lp is not None:
-                yield {**head, "choices": [{"index": index, "delta": {"content": text},
-                                            "logprobs": {"content": content([lp])} if lp is not None else None,
+            lps = {"content": content([lp])} if lp is not None else None
+            if job.parser is not None:  # the parser's deltas; a token's logprobs ride with the first
+                pieces = chat_tools.deltas(job) or ([{}] if lps else [])
+                for k, delta in enumerate(pieces):
+                    yield {**head, "choices": [{"index": index, "delta": delta, "logprobs": None if k else lps,
+                                                "finish_reason": None}]}
+            elif text or lp is not None:
+                yield {**head, "choices": [{"index": index, "delta": {"content": text}, "logprobs": lps,
                                             "finish_reason": None}]}
             if reason is not None:
                 yield {**head, "choices": [{"index": index, "delta": {}, "logprobs": None,
-                                            "finish_reason": self._reason(job), **self._extension(job, body)}]}
+                                            "finish_reason": chat_tools.reason(job, self._reason(job)),
+                                            **self._extension(job, body)}]}
 
         return chunks, final

@@ -38,6 +38,24 @@ class _Job:
     prompt_logprobs: list[tuple] = field(default_factory=list)
     result: object = None
     offset: int = 0  # characters streamed so far (completions' text_offset)
+    # a chat answer read back (tools or a thinking template): its parser, fed in order on the loop
+    parser: object = None  # chat.parse.ChatParser or None (the text is the content)
+    deltas: list = field(default_factory=list)  # what the last message completed, for its chunk
+    history: list = field(default_factory=list)  # every delta in order (the Responses API's items)
+    reasoning_tokens: int = 0
+
+    def feed(self, text: str, tok: int | None, final: bool) -> None:
+        if self.parser is None:
+            return
+        p = self.parser
+        self.deltas = []
+        if tok is not None or text:
+            if p.state in ("start", "think") and p.think is not None:
+                self.reasoning_tokens += tok is not None  # a token read while reasoning
+            self.deltas = p.feed(text, tok)
+        if final:
+            self.deltas += p.finish()
+        self.history += self.deltas
 
 
 class _Listener:
@@ -95,8 +113,11 @@ class Runner:
         for queue in self._running:
             queue.put_nowait(("shutdown", -1, message))
 
-    async def run(self, req: HTTPRequest, body, jobs: list[_Job], seed: int, render_chunk, render_final):
-        """Submit the jobs and answer: a JSON body, or SSE chunks as tokens arrive."""
+    async def run(self, req: HTTPRequest, body, jobs: list[_Job], seed: int, render_chunk, render_final,
+                  frame=None, done: str = "data: [DONE]\n\n"):
+        """Submit the jobs and answer: a JSON body, or SSE chunks as tokens arrive (each chunk written
+        by `frame`, OpenAI's `data:` line unless given; `done` ends the stream)."""
+        frame = frame or (lambda chunk: f"data: {_dumps(chunk)}\n\n")
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         t_arrival = req.state.t_arrival
@@ -138,6 +159,8 @@ class Runner:
                 job.text.append(text)
                 if lp is not None:
                     job.logprobs.append(lp)
+            if not job.drop_token:
+                job.feed(text, tok, reason is not None)
             if reason is not None:
                 job.result = result
                 live.discard(index)
@@ -173,22 +196,23 @@ class Runner:
                 while True:
                     if data is not None:  # a token message (prompt rows have no chunk of their own)
                         for chunk in render_chunk(job, data, started, seed, include_usage):
-                            yield f"data: {_dumps(chunk)}\n\n"
+                            yield frame(chunk)
                     if not live:
                         break
                     try:
                         job, data = take(await next_message(poll=False))
                     except APIError as e:  # after the 200: the error goes into the stream
-                        yield f"data: {_dumps(e.body())}\n\n"
+                        yield frame(e.body())
                         req.state.log.update(error=e.message, outcome="error")
                         failed = True
                         live.clear()
                         break
                 if not failed:
                     if include_usage:
-                        yield f"data: {_dumps(render_final(jobs, seed, usage_only=True))}\n\n"
+                        yield frame(render_final(jobs, seed, usage_only=True))
                     self._log_choices(req, jobs)
-                yield "data: [DONE]\n\n"
+                if done:
+                    yield done
             finally:  # the client left (or the stream ended): nothing of this request runs on
                 if live:
                     req.state.log["disconnected"] = True
