@@ -483,5 +483,46 @@ class ChatTemplate(Target):
             raise RuntimeError(f"render_chat returned a {type(out).__name__}")
 
 
+TOOL_SEEDS = [
+    [{"type": "function", "function": {"name": "weather", "description": "The weather.", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}}, "required": ["city"]}}}],
+    [{"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "number", "minimum": 0}}}}},
+     {"type": "function", "function": {"name": "noop"}}],
+]
+CHOICES = ["auto", "none", "required", {"type": "function", "function": {"name": "add"}}, {"type": "function"},
+           "weather", None, 3, {"type": "function", "function": {"name": "weather"}}]
+
+
+class Tools(Target):
+    """Model.chat with tools on stories260K (given a ChatML template; at most 4 new tokens): mutated
+    tools, tool_choice and conversations with tool calls, as the server passes them: a reply, or a
+    TinydetError (ToolError naming the field, a schema llguidance refuses, a template error)."""
+    name = "tools"
+
+    @cached_property
+    def model(self):
+        import tinydet
+
+        m = tinydet.load(SHARED_MODELS / "stories260K.gguf", threads=1)
+        m.tokenizer.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+                                     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+        return m
+
+    def make(self, rng):
+        tools = mutate_json(rng, rng.choice(TOOL_SEEDS)) if rng.random() < 0.8 else rng.choice(TOOL_SEEDS)
+        messages = mutate_messages(rng, CONVERSATIONS) if rng.random() < 0.5 else rng.choice(CONVERSATIONS)
+        spec = {"tools": tools, "tool_choice": rng.choice(CHOICES), "messages": messages,
+                "parallel": rng.choice([True, False]), "max_tokens": rng.randint(1, 4),
+                "temperature": rng.choice([0.0, 1.0])}
+        return {"tools.json": json.dumps(spec).encode()}
+
+    def run(self, case):
+        spec = json.loads(case_path(case, "tools.json").read_text())
+        g = self.model.chat(spec["messages"], max_tokens=spec["max_tokens"], temperature=spec["temperature"],
+                            tools=spec["tools"], tool_choice=spec["tool_choice"], parallel_tool_calls=spec["parallel"])
+        json.dumps(g.message.openai())  # the reply is OpenAI's JSON
+
+
 TARGETS = {t.name: t for t in (GGUF(), LoadGGUF(), Safetensors(), HFDir(), Manifest(), CLI(), API(), ChatTemplate(),
-                               Structured())}
+                               Structured(), Tools())}

@@ -60,6 +60,7 @@ test_hf_dir = mutated("hf_dir", 60)
 test_chat_template = mutated("chat_template", 30)  # a runaway costs the target's 0.25 s render bound
 _api = mutated("api", 150)
 _structured = mutated("structured", 300)
+_tools = mutated("tools", 300)
 
 
 def test_api(stories_path, scratch):
@@ -67,6 +68,13 @@ def test_api(stories_path, scratch):
     model is loaded and its kernels compiled first: a cold compile on a busy machine is not a hang."""
     TARGETS["api"].model.logits([1])
     _api(scratch)
+
+
+def test_tools(stories_path, scratch):
+    """tools: mutated tools, tool_choice and tool-call histories through Model.chat on stories260K."""
+    pytest.importorskip("llguidance", reason="the structured extra is not installed")
+    TARGETS["tools"].model.logits([1])
+    _tools(scratch)
 
 
 def test_structured(stories_path, scratch):

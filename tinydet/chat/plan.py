@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from . import render_chat
+from . import check_messages, render_chat
 from .parse import ChatParser
 from .syntax import SYNTAXES, ToolSyntax, detect, generic_system
 from .tools import check_history, check_tool_choice, check_tools
@@ -94,7 +94,7 @@ def plan_chat(tokenizer, messages: Sequence[Mapping], tools=None, tool_choice=No
     template = tokenizer.chat_template
     tools = check_tools(tools) if tools is not None else []
     choice = check_tool_choice(tool_choice, tools)
-    messages = check_history(messages)
+    messages = check_history(check_messages(messages))
     syn = SYNTAXES[syntax]() if syntax else detect(template)
     if syn.name == "generic" and (tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages)):
         messages = _generic_messages(messages, tools)

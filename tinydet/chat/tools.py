@@ -130,8 +130,12 @@ def check_history(messages: Sequence[Mapping]) -> list[dict]:
     """The conversation with each assistant's tool calls checked and their arguments as objects (chat
     templates write `arguments | tojson`; OpenAI sends a JSON string), and each `tool` message answering
     a call made before it."""
+    if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes, bytearray)) or not messages:
+        raise ToolError("messages", "expected a non-empty list of message objects")
     out, open_ids = [], set()
     for i, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            raise ToolError(f"messages[{i}]", "expected an object with 'role' and 'content'")
         m = dict(m)
         calls = m.get("tool_calls")
         if calls is not None:
