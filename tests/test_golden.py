@@ -72,3 +72,38 @@ def test_golden_refuses_to_overwrite_and_detects_change(tmp_path, stories_path):
     target.write_text(json.dumps(data))
     r = CliRunner().invoke(main, ["golden", str(stories_path), "--check", str(target)])
     assert r.exit_code == 1 and "logits_hash" in r.output and "FAILED" in r.output
+
+
+def test_golden_tool_cases_are_valid_calls_of_the_models_own_prompt(smollm_models):
+    """The recorded chat cases (tools, reasoning): a required call validates against its schema
+    (`jsonschema`, not the library that constrained it), and the prompt is what transformers renders
+    for the same conversation and template."""
+    pytest.importorskip("llguidance", reason="tool calls need the structured extra")
+    import json
+
+    import jsonschema
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    model = smollm_models("fp32")
+    cases = [c for c in read_golden(GOLDEN / "smollm2-135m-instruct.json")["cases"] if "messages" in c]
+    assert len(cases) == 3
+    for c in cases:
+        saved = model.tokenizer.chat_template
+        model.tokenizer.chat_template = c.get("chat_template", saved)
+        try:
+            plan = model.chat_plan(c["messages"], tools=c["tools"], tool_choice=c["tool_choice"])
+            g = model.chat(c["messages"], tools=c["tools"], tool_choice=c["tool_choice"], max_tokens=c["max_tokens"],
+                           temperature=c["temperature"], top_p=c.get("top_p", 1.0), seed=c.get("seed", 0))
+            # the generic form puts the tools in a system message: transformers renders that conversation
+            from tinydet.chat.plan import _generic_messages
+
+            want = render_jinja_template([_generic_messages(c["messages"], c["tools"])], chat_template=
+                                         model.tokenizer.chat_template, add_generation_prompt=True)[0][0]
+            assert plan.prompt == want
+        finally:
+            model.tokenizer.chat_template = saved
+        schema = c["tools"][0]["function"]["parameters"]
+        for call in g.message.tool_calls:
+            jsonschema.validate(json.loads(call.arguments), schema)
+        if c["tool_choice"] == "required" and "chat_template" not in c:
+            assert g.message.tool_calls

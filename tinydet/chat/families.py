@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 
-from .syntax import SYNTAXES, ToolSyntax, _args_json, _parse_json, call_schema, name_args
+from .syntax import SYNTAXES, ToolSyntax, _args_json, _parse_json, call_schema, json_lark, name_args
 from .tools import tool_schema
 
 ID_SCHEMA = {"type": "string", "pattern": "^[A-Za-z0-9]{9}$"}  # Mistral's call ids
@@ -46,7 +46,7 @@ class Llama3Json(ToolSyntax):
 
     def grammar(self, tools, choice, parallel, lit, prefix=""):
         names = [t["function"]["name"] for t in tools] if choice in ("auto", "required") else [choice]
-        body = f"call: %json {json.dumps(call_schema(tools, names, 'parameters'), ensure_ascii=False)}"
+        body = f"call: {json_lark(call_schema(tools, names, 'parameters'))}"
         head = "%llguidance {}\n"
         if choice != "auto":
             return f"{head}start: {'prefix ' if prefix else ''}call\n{body}\n{prefix}\n"
@@ -67,7 +67,7 @@ class _CallList(ToolSyntax):
         schema = {"type": "array", "items": call_schema(tools, names, extra=self.extra), "minItems": 1}
         if self._max_items:
             schema["maxItems"] = self._max_items
-        return f"call_rest: %json {json.dumps(schema, ensure_ascii=False)}"
+        return f"call_rest: {json_lark(schema)}"
 
     def grammar(self, tools, choice, parallel, lit, prefix=""):
         # parallel calls are items of the one list, not repeated openers
@@ -110,8 +110,8 @@ class MistralArgs(ToolSyntax):
         rules = [f"call_rest: {' | '.join(f'fn_{i}' for i in range(len(names)))}",
                  f"call_id: {lit('[CALL_ID]')} CALL_ID\nCALL_ID: /[A-Za-z0-9]{{9}}/"]
         for i, n in enumerate(names):
-            schema = json.dumps(tool_schema(tools, n), ensure_ascii=False)
-            rules.append(f"fn_{i}: {json.dumps(n)} call_id? {lit('[ARGS]')} args_{i}\nargs_{i}: %json {schema}")
+            rules.append(f"fn_{i}: {json.dumps(n)} call_id? {lit('[ARGS]')} args_{i}\nargs_{i}: "
+                         f"{json_lark(tool_schema(tools, n))}")
         return "\n".join(rules)
 
 

@@ -175,7 +175,8 @@ class Service:
             if data["model_sha256"] != m.sha256:
                 raise TinydetError(f"--canary {self.canary_file}: its hashes are for the model with SHA-256 "
                                    f"{data['model_sha256']}, this one is {m.sha256}")
-            cases = [c for c in data["cases"] if fits(c.get("dtype", "fp32"))]
+            # a chat case (messages, tools) is a Model.chat request: the canary re-runs plain requests
+            cases = [c for c in data["cases"] if fits(c.get("dtype", "fp32")) and "messages" not in c]
             if not cases:
                 raise TinydetError(f"--canary {self.canary_file}: no case for dtype {m.dtype}")
             return [({k: c[k] for k in keys if k in c}, {h: c[h] for h in ("output_hash", "logits_hash")})

@@ -15,7 +15,16 @@ from ..errors import TinydetError
 from ..formats.jsonfile import write_json
 
 SETTINGS = ("prompt", "dtype", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "json_schema", "regex",
-            "grammar")
+            "grammar", "messages", "tools", "tool_choice", "chat_template")
+HASHES = ("output_hash", "logits_hash", "message_hash")  # message_hash: a chat case's reply read back
+# The tool-calling cases (a model with a chat template, where llguidance is installed): a required call,
+# a sampled auto request, and a required call after reasoning under a template that opens <think> (as
+# DeepSeek-R1's does; `chat_template` replaces the model's own for that case).
+GOLDEN_TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                 "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                                "required": ["city"], "additionalProperties": False}}}]
+THINK_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                  "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}")
 # The structured-outputs case (where llguidance is installed): JSON every model can finish in a few tokens.
 STRUCTURED_SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                                       "age": {"type": "integer", "minimum": 0, "maximum": 99}},
@@ -39,6 +48,14 @@ def default_cases(model_name: str, dtypes=("fp32", "fp16")) -> list[dict]:
     if structured.available():
         cases.append(dict(prompt=prompts[1], dtype="fp32", max_tokens=n, temperature=0.8, top_p=0.95, seed=42,
                           json_schema=STRUCTURED_SCHEMA))
+        if "stories" not in model_name.lower():  # stories260K has no chat template
+            ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+            cases += [dict(messages=ask, tools=GOLDEN_TOOLS, tool_choice="required", dtype="fp32", max_tokens=n,
+                           temperature=0.0),
+                      dict(messages=ask, tools=GOLDEN_TOOLS, tool_choice="auto", dtype="fp32", max_tokens=n,
+                           temperature=0.8, top_p=0.95, seed=42),
+                      dict(messages=ask, tools=GOLDEN_TOOLS, tool_choice="required", chat_template=THINK_TEMPLATE,
+                           dtype="fp32", max_tokens=2 * n, temperature=0.0)]
     if "stories" in model_name.lower():
         # The published llama2.c greedy text (256 tokens from BOS) pins this case to an outside reference.
         cases.insert(0, dict(prompt="", dtype="fp32", max_tokens=256, temperature=0.0))
@@ -49,15 +66,34 @@ def run_cases(load, cases: list[dict]) -> list[dict]:
     """Run each case; `load(dtype)` returns a Model. Returns the cases with their hashes filled in."""
     out = []
     for case in cases:
-        unknown = set(case) - set(SETTINGS) - {"output_hash", "logits_hash"}
+        unknown = set(case) - set(SETTINGS) - set(HASHES)
         if unknown:
             raise TinydetError(f"golden case {case}: unknown fields {sorted(unknown)}")
         model = load(case["dtype"])
         kw = {k: case[k] for k in SETTINGS if k in case and k not in ("dtype",)}
-        g = model.generate(**kw)
+        hashes = _run_chat(model, kw) if "messages" in kw else {}
+        g = hashes.pop("g", None) or model.generate(**kw)
         out.append({**{k: case[k] for k in SETTINGS if k in case}, "output_hash": g.output_hash,
-                    "logits_hash": g.logits_hash})
+                    "logits_hash": g.logits_hash, **hashes})
     return out
+
+
+def _run_chat(model, kw: dict) -> dict:
+    """A chat case through Model.chat (under its own template where it names one): the result and the
+    hash of its reply read back (content, reasoning, calls and their ids)."""
+    import hashlib
+
+    kw = dict(kw)
+    template = kw.pop("chat_template", None)
+    saved = model.tokenizer.chat_template
+    if template is not None:
+        model.tokenizer.chat_template = template
+    try:
+        g = model.chat(kw.pop("messages"), **kw)
+    finally:
+        model.tokenizer.chat_template = saved
+    text = json.dumps(g.message.openai(), sort_keys=True, ensure_ascii=False)
+    return {"g": g, "message_hash": hashlib.sha256(text.encode("utf-8")).hexdigest()}
 
 
 def read_golden(path) -> dict:
@@ -107,8 +143,8 @@ def check_golden(load, data: dict, model_sha256: str, native: bool = True) -> li
     got = run_cases(load, [{k: c[k] for k in SETTINGS if k in c} for c in wants])
     bad = []
     for want, have in zip(wants, got):
-        for h in ("output_hash", "logits_hash"):
-            if want[h] != have[h]:
+        for h in HASHES:
+            if h in want and want[h] != have.get(h):
                 req = {k: want[k] for k in SETTINGS if k in want}
                 bad.append(f"{req}: {h} {have[h][:16]} != golden {want[h][:16]}")
     return bad
