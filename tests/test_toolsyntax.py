@@ -364,3 +364,34 @@ def test_stream_answers_read_as_meant():
     assert m.reasoning_content == "Reason <here>." and got_calls(m) == GOOD
     assert got_calls(fed("phi4_mini", [ANSWERS["phi4_mini"]])[0]) == GOOD
     assert got_calls(fed("mistral_args", [ANSWERS["mistral_args"]])[0]) == GOOD
+
+
+# Phi-4-mini-instruct's template (no copy of it ships with llama.cpp's templates; this is its published
+# form, shortened to what tools touch): the tools come from the system message's `tools` field.
+PHI4_MINI_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'system' and 'tools' in message and message['tools'] "
+    "is not none %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|tool|>' + message['tools'] + "
+    "'<|/tool|>' + '<|end|>' }}{% else %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}")
+
+
+def test_phi4_mini_takes_the_tools_in_the_system_message():
+    from tinydet.chat.plan import plan_chat
+
+    class Tok:
+        chat_template, bos_id, eos_ids = PHI4_MINI_TEMPLATE, None, ()
+
+        def id_to_token(self, i):
+            return ""
+
+        def encode(self, text, add_special=False):
+            return list(text.encode())
+
+        def decode(self, ids):
+            return bytes(ids).decode()
+
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}]
+    plan = plan_chat(Tok(), [{"role": "user", "content": "hi"}], tools, "auto")
+    assert plan.syntax.name == "phi4_mini"
+    assert plan.prompt == ('<|system|><|tool|>[{"name": "add", "parameters": {"type": "object", "properties": {}}}]'
+                           '<|/tool|><|end|><|user|>hi<|end|><|assistant|>')

@@ -8,6 +8,7 @@ give the same prompt, grammar and answer for the same request.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -56,6 +57,16 @@ def _control_id(tok, text: str) -> int | None:
     return None
 
 
+def _system_tools(messages: list[dict], tools: list[dict]) -> list[dict]:
+    """The tools as the JSON text of the system message's `tools` field (a system message is added
+    where there is none), the place Phi-4-mini's template takes them from."""
+    out = [dict(m) for m in messages]
+    if not out or out[0]["role"] != "system":
+        out.insert(0, {"role": "system", "content": ""})
+    out[0]["tools"] = json.dumps([t["function"] for t in tools], ensure_ascii=False)
+    return out
+
+
 def _generic_messages(messages: list[dict], tools: list[dict]) -> list[dict]:
     """A conversation with tools for a template that knows none: the tools described in the system
     message, calls written into the assistant's text, results as user turns (templates that know only
@@ -101,6 +112,8 @@ def plan_chat(tokenizer, messages: Sequence[Mapping], tools=None, tool_choice=No
         render_tools = None
     else:
         render_tools = tools or None
+        if tools and re.search(r"message\[['\"]tools['\"]\]|message\.tools", template or ""):
+            messages = _system_tools(messages, tools)  # Phi-4-mini's template reads them from the system message
     name = lambda i: tokenizer.id_to_token(i) if i is not None else ""  # noqa: E731
     prompt = render_chat(template, messages, bos_token=name(tokenizer.bos_id),
                          eos_token=name(tokenizer.eos_ids[0] if tokenizer.eos_ids else None), tools=render_tools,
