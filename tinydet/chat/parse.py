@@ -102,8 +102,10 @@ class StreamParser:
     message: ChatMessage
 
     def feed(self, text: str, token: int | None = None) -> list[Delta]:
-        if not text and token is not None:
-            text = self.markers.get(token, "")
+        if token is not None and token in self.markers:
+            # a control token decodes to nothing: its name goes after whatever text the step released
+            # (a server's event may carry text held back for a stop string), as it came after it
+            text += self.markers[token]
         self.buf += text
         return self._run(final=False)
 
