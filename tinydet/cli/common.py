@@ -221,3 +221,18 @@ def loader():
     (a patch of it there, as the tests make, reaches every command); this module's _load outside a run."""
     ctx = click.get_current_context(silent=True)
     return ctx.meta.get(LOADER, _load) if ctx is not None else _load
+
+
+def json_object(option: str, text: str | None) -> dict | None:
+    """An option's JSON object (None when the option is not given), else a one-line error naming it."""
+    if text is None:
+        return None
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise TinydetError(f"{option}: not JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise TinydetError(f"{option}: expected a JSON object")
+    return value

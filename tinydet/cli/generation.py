@@ -14,7 +14,8 @@ import click
 from .. import __version__
 from ..api import check_speculative
 from ..engine.speculate import speculation
-from .common import cli_errors, loader, model_options, sampling_options, speculative_option, structured_options
+from .common import (cli_errors, json_object, loader, model_options, sampling_options, speculative_option,
+                     structured_options)
 
 
 def _read_tools(path):
@@ -57,20 +58,6 @@ def tools_options(fn):
     return fn
 
 
-def _template_kwargs(text: str | None) -> dict | None:
-    if text is None:
-        return None
-    from ..errors import TinydetError
-
-    try:
-        value = json.loads(text)
-    except ValueError as e:
-        raise TinydetError(f"--template-kwargs: not JSON ({e})") from None
-    if not isinstance(value, dict):
-        raise TinydetError("--template-kwargs: expected a JSON object")
-    return value
-
-
 def _stream(pieces) -> None:
     for piece in pieces:
         click.echo(piece, nl=False)
@@ -96,7 +83,7 @@ def generate(prompt, model_name, device, dtype, threads, verify, log_path, max_t
     --json, the reply's reasoning and tool calls are reported apart from its content."""
     from ..errors import TinydetError
 
-    tools, options = _read_tools(tools_path), _template_kwargs(template_kwargs)
+    tools, options = _read_tools(tools_path), json_object("--template-kwargs", template_kwargs)
     if (tools is not None or tool_choice or options) and not as_chat:
         raise TinydetError("--tools, --tool-choice and --template-kwargs go with --chat")
     check_speculative(speculative)  # before the load
@@ -199,7 +186,7 @@ def chat(model_name, device, dtype, threads, verify, log_path, max_tokens, tempe
     written stops it and returns to the prompt (the reply stays in the history as far as it got); an
     empty line, /exit or Ctrl-D at the prompt ends (Ctrl-C there too, with exit status 130). With
     --tools the model may call them: each call is shown, you type its result, and the model goes on."""
-    tools, options = _read_tools(tools_path), _template_kwargs(template_kwargs)
+    tools, options = _read_tools(tools_path), json_object("--template-kwargs", template_kwargs)
     check_speculative(speculative)  # before the load
     model = loader()(model_name, dtype, threads, verify, log_path, device)
     model.speculative = speculative

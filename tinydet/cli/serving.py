@@ -3,13 +3,11 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from ..errors import TinydetError
 from . import common
-from .common import cli_errors, device_option, loader, no_memory_check_option, no_panel_cache_option
+from .common import cli_errors, device_option, json_object, loader, no_memory_check_option, no_panel_cache_option
 
 
 def _cluster_module():
@@ -182,14 +180,7 @@ def rollout(model_name, dtype, threads, max_batch, max_queue, prefill_chunk, pre
     if not shares or shares[-1] != 1.0 or any(a >= b for a, b in zip([0.0, *shares], shares)):
         raise TinydetError(f"--steps {steps}: expected increasing shares in (0, 1], the last 1 (e.g. 0.1,0.5,1)")
     probes = ro.read_probes(probe_file) if probe_file else ro.DEFAULT_PROBES
-    runtime_env = None
-    if runtime_env_json:
-        try:
-            runtime_env = json.loads(runtime_env_json)
-        except ValueError as e:
-            raise TinydetError(f"--runtime-env: not JSON ({e})") from None
-        if not isinstance(runtime_env, dict):
-            raise TinydetError("--runtime-env: expected a JSON object")
+    runtime_env = json_object("--runtime-env", runtime_env_json or None)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cluster.connect(ray_address)
     try:
