@@ -17,7 +17,7 @@ from tinydet.chat import ChatTemplateError, render_chat
 from tinydet.chat.harmony import Harmony, HarmonyParser
 from tinydet.chat.parse import ChatParser
 from tinydet.chat.plan import THINK, plan_chat
-from tinydet.chat.syntax import SYNTAXES, detect
+from tinydet.chat.syntaxes import SYNTAXES, detect
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",

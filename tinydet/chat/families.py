@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 
-from .syntax import SYNTAXES, ToolSyntax, _args_json, _parse_json, call_schema, json_lark, name_args
+from .syntax import ToolSyntax, _args_json, _parse_json, call_schema, json_lark, name_args
 from .tools import tool_schema
 
 ID_SCHEMA = {"type": "string", "pattern": "^[A-Za-z0-9]{9}$"}  # Mistral's call ids
@@ -118,6 +118,3 @@ class MistralArgs(ToolSyntax):
 class Phi4Mini(_CallList):
     name = "phi4_mini"
     opener, closer = "functools", None
-
-
-SYNTAXES.update({c.name: c for c in (Llama3Json, Mistral, MistralArgs, Phi4Mini)})

@@ -21,7 +21,7 @@ import json
 import re
 
 from .parse import ChatMessage, Delta, StreamParser, _holdback, _Segment
-from .syntax import SYNTAXES, ToolSyntax, _args_json, _parse_json
+from .syntax import ToolSyntax, _args_json, _parse_json
 from .tools import ToolCall, call_ids, tool_schema
 
 START, CHANNEL, MESSAGE, END, CALL, RETURN, CONSTRAIN = (
@@ -142,6 +142,3 @@ class Harmony(ToolSyntax):
                 f"call: {lit(CHANNEL)} call_rest\n"
                 "TEXT: /(.|\\n)*/\n"
                 f"{self.call_rest(tools, names, lit)}\n")
-
-
-SYNTAXES[Harmony.name] = Harmony

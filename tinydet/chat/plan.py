@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from . import check_messages, render_chat
 from .parse import ChatParser
-from .syntax import SYNTAXES, ToolSyntax, detect, generic_system
+from .syntax import ToolSyntax, generic_system
+from .syntaxes import SYNTAXES, detect
 from .tools import check_history, check_tool_choice, check_tools
 
 THINK = ("<think>", "</think>")

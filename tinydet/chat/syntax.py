@@ -7,7 +7,7 @@ the text between parses into calls (`parse_body`), and writes a Lark grammar for
 with "auto" text is free until the model writes the opener, and from there the call is held to the
 schema (llguidance's lazy lexemes, as its docs describe for tool calling).
 
-`detect(template)` picks the syntax from the chat template's own text. A template that does not
+`syntaxes.detect(template)` picks the syntax from the chat template's own text. A template that does not
 render tools at all gets the generic form: tools described in a system message (`generic_system`),
 calls written Hermes-style.
 """
@@ -119,7 +119,6 @@ def generic_system(tools: list[dict]) -> str:
             '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
 
 
-SYNTAXES: dict[str, type[ToolSyntax]] = {"hermes": Hermes, "generic": Generic}
 
 
 def _parse_json(text: str):
@@ -147,25 +146,3 @@ def call_schema(tools: list[dict], names: Sequence[str], key: str = "arguments",
     alts = [{"type": "object", "properties": {"name": {"const": n}, key: tool_schema(tools, n), **(extra or {})},
              "required": ["name", key], "additionalProperties": False} for n in names]
     return alts[0] if len(alts) == 1 else {"anyOf": alts}
-
-
-def detect(template: str | None) -> ToolSyntax:
-    """The syntax a chat template's model writes calls in (its own markers in the template's text); the
-    generic form for a template that does not render tools."""
-    t = template or ""
-    checks = (("harmony", "<|channel|>" in t and "<|call|>" in t),
-              ("mistral_args", "[TOOL_CALLS]" in t and "[ARGS]" in t),
-              ("mistral", "[TOOL_CALLS]" in t),
-              ("hermes", "<tool_call>" in t and "tools" in t),
-              ("llama3_json", '"parameters"' in t and "<|eot_id|>" in t and "tools" in t),
-              ("phi4_mini", "functools" in t or ("<|tool|>" in t and "<|/tool|>" in t)))
-    return SYNTAXES[next((name for name, hit in checks if hit), "generic")]()
-
-
-def renders_tools(template: str | None) -> bool:
-    """Whether the template itself writes the tools into the prompt (else the generic system text does)."""
-    return detect(template).name != "generic"
-
-
-# the other families register themselves into SYNTAXES (imported last: they build on the classes above)
-from . import families, harmony  # noqa: E402,F401
