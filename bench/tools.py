@@ -5,7 +5,8 @@ written against the same prompt unconstrained.
     python bench/tools.py [--model smollm2-135m-instruct] [--model gemma3-270m] [--requests 200]
                           [--dtype native] [--threads 2] [--max-tokens 160] [--speed-tokens 64] [--json]
 
-Requests: --requests per model, varied: 6 tool sets (one function of scalars, enums and bounds, nested
+A model file without a chat template (Gemma 3 270M's on PyPI is the base model's) gets Gemma 3's own,
+as tests/gemma3gen.py keeps it. Requests: --requests per model, varied: 6 tool sets (one function of scalars, enums and bounds, nested
 objects, arrays, several functions, a function of no arguments) x 8 prompts (questions, instructions,
 chit-chat, code) x tool_choice required or one named function x greedy or temperature 0.7 (seeded).
 A call counts as valid when the answer's `tool_calls` is non-empty and each call's arguments parse as
@@ -21,6 +22,7 @@ import itertools
 import json
 import statistics
 import sys
+from pathlib import Path
 
 import jsonschema
 
@@ -80,6 +82,11 @@ def check(g, tools) -> str:
 
 def run(model_name, args) -> dict:
     model = tinydet.load(model_name, dtype=args.dtype, threads=args.threads)
+    if model.tokenizer.chat_template is None:  # Gemma 3 270M's file (the base model's) carries none
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+        from gemma3gen import CHAT_TEMPLATE  # Gemma 3's own template, as the tests keep it
+
+        model.tokenizer.chat_template = CHAT_TEMPLATE
     counts = {"valid": 0, "cut": 0, "invalid": 0}
     for tools, prompt, choice, temp, i in requests(args.requests):
         g = model.chat([{"role": "user", "content": prompt}], max_tokens=args.max_tokens, tools=tools,
@@ -110,10 +117,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    rows = [run(m, args) for m in args.model or ["smollm2-135m-instruct", "gemma3-270m"]]
-    if args.json:
-        print(json.dumps(rows, indent=1))
+    if args.json:  # a line per model, as each is done
+        for m in args.model or ["smollm2-135m-instruct", "gemma3-270m"]:
+            print(json.dumps(run(m, args)), flush=True)
         return
+    rows = [run(m, args) for m in args.model or ["smollm2-135m-instruct", "gemma3-270m"]]
     print(f"{'model':24} {'requests':>8} {'valid':>6} {'cut':>4} {'invalid':>7} {'tools tok/s':>11} "
           f"{'plain tok/s':>11} {'ratio':>6}")
     for r in rows:
