@@ -250,3 +250,11 @@ def test_cli_generate_json_reports_calls_and_chat_runs_the_loop(smollm_path, smo
     tools.write_text(json.dumps({"tools": [ADD]}))
     r = run("generate", "x", "--tools", str(tools))
     assert r.returncode == 1 and "go with --chat" in r.stderr
+
+
+def test_template_kwargs_cannot_set_what_the_request_sets(smollm):
+    with pytest.raises(ToolError) as e:
+        smollm.chat_plan(ASK, chat_template_kwargs={"bos_token": "x"})
+    assert e.value.param == "chat_template_kwargs.bos_token"
+    # an option the template does not read changes nothing
+    assert smollm.chat_plan(ASK, chat_template_kwargs={"enable_thinking": False}).prompt == smollm.chat_plan(ASK).prompt

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from .tools import ToolCall, call_ids
 
-if TYPE_CHECKING:  # syntax imports its families, and harmony's parser imports this module
+if TYPE_CHECKING:  # for annotations only
     from .syntax import ToolSyntax
 
 

@@ -16,9 +16,10 @@ from . import check_messages, render_chat
 from .parse import ChatParser
 from .syntax import ToolSyntax, generic_system
 from .syntaxes import SYNTAXES, detect
-from .tools import check_history, check_tool_choice, check_tools
+from .tools import ToolError, check_history, check_tool_choice, check_tools
 
 THINK = ("<think>", "</think>")
+RESERVED = ("template", "messages", "tools", "add_generation_prompt", "bos_token", "eos_token")  # render_chat's own
 
 
 @dataclass
@@ -104,6 +105,9 @@ def plan_chat(tokenizer, messages: Sequence[Mapping], tools=None, tool_choice=No
     the template's own options, such as enable_thinking or reasoning_effort; `syntax` a call syntax's
     name to use instead of the one the template shows). Bad tools or history raise ToolError."""
     template = tokenizer.chat_template
+    for key in template_kwargs or {}:
+        if key in RESERVED:
+            raise ToolError(f"chat_template_kwargs.{key}", "set by the request itself, not an option")
     tools = check_tools(tools) if tools is not None else []
     choice = check_tool_choice(tool_choice, tools)
     messages = check_history(check_messages(messages))
