@@ -7,6 +7,7 @@ errors naming the field."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -96,18 +97,29 @@ def test_auto_reads_calls_or_text_and_none_renders_tools_without_reading(smollm)
     assert "get_weather" in smollm.chat_plan(ASK, tools=TOOLS, tool_choice="none").prompt
 
 
+@contextlib.contextmanager
+def template(model, text):
+    saved, model.tokenizer.chat_template = model.tokenizer.chat_template, text
+    try:
+        yield
+    finally:
+        model.tokenizer.chat_template = saved
+
+
 def test_contract_alone_batched_chunked_cached_speculating_threads(smollm, restore_threads):
-    """A required and an auto request with tools: the same bytes and message alone, among plain and
-    structured requests (prefilled 7 tokens a step), through an engine with the prefix cache (cold
-    and warm), speculating, and at 3 threads."""
-    cases = []
-    for choice, kw in (("required", {}), ("auto", dict(temperature=0.7, seed=11))):
-        plan = smollm.chat_plan(ASK, tools=TOOLS, tool_choice=choice)
+    """A required and an auto request with tools, and a thinking request (a template that opens <think>,
+    a named call after the reasoning): the same bytes and message alone, among plain and structured
+    requests (prefilled 7 tokens a step), through an engine with the prefix cache (cold and warm),
+    speculating, and at 3 threads."""
+    cases, alone = [], []
+    for choice, kw, tmpl in (("required", {}, None), ("auto", dict(temperature=0.7, seed=11), None),
+                             (named("add"), dict(temperature=0.7, seed=3), THINK_TEMPLATE)):
+        with template(smollm, tmpl or smollm.tokenizer.chat_template):
+            plan = smollm.chat_plan(ASK, tools=TOOLS, tool_choice=choice)
+            alone.append(smollm.chat(ASK, max_tokens=90, tools=TOOLS, tool_choice=choice, **kw))
         ids = smollm.tokenize(plan.prompt, add_special=False)
         cases.append((plan, dict(prompt=ids, max_tokens=90, grammar=plan.grammar, **kw)))
-    alone = [smollm.chat(ASK, max_tokens=90, tools=TOOLS, tool_choice=choice, **{k: v for k, v in r.items()
-                         if k in ("temperature", "seed")}) for (c, r), choice in zip(cases, ("required", "auto"))]
-    assert alone[0].message.tool_calls
+    assert alone[0].message.tool_calls and alone[2].message.reasoning_content is not None
 
     def read(plan, r, g):
         return answer(smollm.read_chat(plan, g, chat_key(r["prompt"], r.get("seed", 0))))
@@ -115,8 +127,8 @@ def test_contract_alone_batched_chunked_cached_speculating_threads(smollm, resto
     want = [answer(g) for g in alone]
     plain = [dict(prompt="Once upon a time", max_tokens=20), dict(prompt="The sky is", max_tokens=12, temperature=0.8, seed=2),
              dict(prompt="Name:", max_tokens=16, json_schema={"type": "object", "properties": {"n": {"type": "string"}}})]
-    mixed = plain[:1] + [cases[0][1]] + plain[1:] + [cases[1][1]]
-    out = smollm.generate_batch(mixed, max_batch=5, step_tokens=7)
+    mixed = plain[:1] + [cases[0][1]] + plain[1:] + [cases[1][1], cases[2][1]]
+    out = smollm.generate_batch(mixed, max_batch=6, step_tokens=7)
     assert [read(p, r, out[mixed.index(r)]) for p, r in cases] == want
     engine = smollm.engine(4, step_tokens=16, prefix_cache_bytes=64 << 20)
     for warm in (False, True):  # cold, then the prompts' blocks from the cache
