@@ -262,7 +262,8 @@ class Model:
              json_schema=None, regex: str | None = None, grammar: str | None = None, tools=None, tool_choice=None,
              parallel_tool_calls: bool = True, chat_template_kwargs: Mapping | None = None) -> Generation:
         """The assistant's reply to `messages` ([{"role": "user", "content": "..."}, ...]). With `tools`
-        (OpenAI's function tools; `tool_choice` "auto", "none", "required" or a function's name) the
+        (OpenAI's function tools; `tool_choice` "auto", "none", "required" or {"type": "function",
+        "function": {"name": ...}}) the
         model may call them, each call held to its function's schema. The result's `message` has the
         reply read back: `content`, `reasoning_content` (thinking models) and `tool_calls`;
         `finish_reason` is "tool_calls" when the reply ended with calls."""
