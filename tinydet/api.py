@@ -263,10 +263,9 @@ class Model:
              parallel_tool_calls: bool = True, chat_template_kwargs: Mapping | None = None) -> Generation:
         """The assistant's reply to `messages` ([{"role": "user", "content": "..."}, ...]). With `tools`
         (OpenAI's function tools; `tool_choice` "auto", "none", "required" or {"type": "function",
-        "function": {"name": ...}}) the
-        model may call them, each call held to its function's schema. The result's `message` has the
-        reply read back: `content`, `reasoning_content` (thinking models) and `tool_calls`;
-        `finish_reason` is "tool_calls" when the reply ended with calls."""
+        "function": {"name": ...}}) the model may call them, each call held to its function's schema.
+        The result's `message` has the reply read back: `content`, `reasoning_content` (thinking models)
+        and `tool_calls`; `finish_reason` is "tool_calls" when the reply ended with calls."""
         plan = self.chat_plan(messages, tools, tool_choice, parallel_tool_calls, chat_template_kwargs)
         if plan.grammar is not None and (json_schema is not None or regex is not None or grammar is not None):
             raise TinydetError("tools: a call's grammar and json_schema/regex/grammar cannot both hold a reply "
