@@ -141,17 +141,13 @@ class ChatParser(StreamParser):
         self.syntax, self.names, self.think = syntax, tuple(names), think
         self.markers, self.key, self.parallel = markers or {}, key, parallel
         self.state = "think" if think and in_think else "start" if think else "content"
-        self.buf = ""  # text not yet given out
-        self.call_text = ""  # a call's text since its opener
+        self.buf = ""  # text not yet given out (in state "call": the call's text since its opener)
         self.n_calls = 0
         self.began = False  # for an anchored syntax: the output's start is decided (a call or text)
         self.segment = _Segment()
         self.message = ChatMessage()
 
     # -- the states -------------------------------------------------------------------------------
-
-    def _end_segment(self) -> None:
-        self.segment.end()
 
     def _start(self, out, final):
         opener = self.think[0]
@@ -170,14 +166,14 @@ class ChatParser(StreamParser):
             if not self.message.reasoning_content and not any(d.kind == "reasoning" for d in out):
                 out.append(Delta("reasoning", ""))  # the model reasoned (maybe nothing): say so
             self.buf = self.buf[i + len(close):]
-            self._end_segment()
+            self.segment.end()
             self.state = "content"
             return
         keep = 0 if final else _holdback(self.buf, close)
         self._emit(out, "reasoning", self.buf[:len(self.buf) - keep])
         self.buf = self.buf[len(self.buf) - keep:]
         if final:
-            self._end_segment()
+            self.segment.end()
 
     def _anchored(self, final) -> bool:
         """For a syntax whose call must start the output: True once decided (the state may have become
@@ -186,7 +182,7 @@ class ChatParser(StreamParser):
         lead = next((x for x in syn.leads if s.startswith(x)), "")
         s = s[len(lead):].lstrip()
         if s.startswith(syn.opener):
-            self.buf, self.call_text, self.state = s[len(syn.opener):], "", "call"
+            self.buf, self.state = s[len(syn.opener):], "call"
         elif not final and any(x.startswith(s) for x in (syn.opener, *([] if lead else syn.leads))):
             return False
         self.began = True
@@ -200,9 +196,8 @@ class ChatParser(StreamParser):
         i = -1 if done else self.buf.find(syn.opener)
         if i >= 0:
             self._emit(out, "content", self.buf[:i])
-            self._end_segment()
+            self.segment.end()
             self.buf = self.buf[i + len(syn.opener):]
-            self.call_text = ""
             self.state = "call"
             return
         keep = 0 if final or done else _holdback(self.buf, syn.opener)
@@ -215,10 +210,10 @@ class ChatParser(StreamParser):
         if i < 0 and not final:
             return
         if i < 0:  # the output ended inside the call
-            body, rest, closed = self.call_text + self.buf, "", syn.closer is None
+            body, rest, closed = self.buf, "", syn.closer is None
             raw = syn.opener + body
         else:
-            body, rest, closed = self.call_text + self.buf[:i], self.buf[i + len(syn.closer):], True
+            body, rest, closed = self.buf[:i], self.buf[i + len(syn.closer):], True
             raw = syn.opener + body + syn.closer
         calls = syn.parse_body(body.strip(), self.names) if closed else None
         if calls and not self.parallel:
@@ -230,6 +225,6 @@ class ChatParser(StreamParser):
                 self.n_calls += 1
         else:
             self._emit(out, "content", raw)
-        self._end_segment()
-        self.buf, self.call_text = rest, ""
+        self.segment.end()
+        self.buf = rest
         self.state = "content"

@@ -25,7 +25,3 @@ def detect(template: str | None) -> ToolSyntax:
               ("phi4_mini", "functools" in t or ("<|tool|>" in t and "<|/tool|>" in t)))
     return SYNTAXES[next((name for name, hit in checks if hit), "generic")]()
 
-
-def renders_tools(template: str | None) -> bool:
-    """Whether the template itself writes the tools into the prompt (else the generic system text does)."""
-    return detect(template).name != "generic"
