@@ -106,28 +106,22 @@ def run_tools(model, prompt_ids, n_new, where: str = "alone", step_tokens=None, 
     """A required call (reasoning allowed first) and a sampled auto request, alone or among others,
     prefilled whole or `step_tokens` a step, with a drafter or not: the digest of both answers (ids,
     logits rows, the message read back with its call ids)."""
-    from ..chat.parse import ChatParser
-    from ..chat.plan import THINK, think_prefix
+    from ..chat.plan import THINK, ChatPlan, think_prefix
     from ..chat.syntax import Generic
 
     syn, lit = Generic(), lambda t: json.dumps(t)  # noqa: E731
-    targets = [model.request(list(prompt_ids), max_tokens=n_new, temperature=0.8, seed=1,
-                             grammar=syn.grammar(VERIFY_TOOLS, "required", True, lit, think_prefix(False))),
-               model.request(list(prompt_ids), max_tokens=n_new, temperature=0.8, seed=2,
-                             grammar=syn.grammar(VERIFY_TOOLS, "auto", True, lit))]
+    plans = [ChatPlan("", VERIFY_TOOLS, choice, True, syn, THINK,
+                      grammar=syn.grammar(VERIFY_TOOLS, choice, True, lit, pre))
+             for choice, pre in (("required", think_prefix(False)), ("auto", ""))]
+    targets = [model.request(list(prompt_ids), max_tokens=n_new, temperature=0.8, seed=seed, grammar=plan.grammar)
+               for plan, seed in zip(plans, (1, 2))]
     others = [model.request(p, max_tokens=n_new + 3 * i, temperature=0.8, seed=i) for i, p in enumerate(OTHER_PROMPTS)]
     batch = targets if where == "alone" else others[:1] + targets[:1] + others[1:] + targets[1:]
     out = generate_batch(model.backend, model.tokenizer, batch, len(batch), step_tokens, speculative)
     h = hashlib.sha256()
-    for t in targets:
-        g = out[batch.index(t)]
-        parser = ChatParser(syn, ["lookup"], THINK, False, {}, "verify")
-        decoder = model.tokenizer.stream(g.prompt_token_ids)
-        for tok in g.token_ids:
-            parser.feed(decoder.push(tok), tok)
-        parser.feed(decoder.flush())
-        parser.finish()
-        h.update((g.output_hash + g.logits_hash + json.dumps(parser.message.openai())).encode())
+    for plan, t in zip(plans, targets):
+        g = model.read_chat(plan, out[batch.index(t)], "verify")
+        h.update((g.output_hash + g.logits_hash + json.dumps(g.message.openai())).encode())
     return h.hexdigest()
 
 
