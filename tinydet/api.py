@@ -320,8 +320,7 @@ def finish(g: Generation, message, parsed: bool) -> None:
     from .chat.parse import ChatMessage
 
     g.message = message if parsed else ChatMessage(content=g.text)
-    if g.message.tool_calls and g.finish_reason == "stop":
-        g.finish_reason = "tool_calls"
+    g.finish_reason = g.message.finish_reason(g.finish_reason)
 
 
 def _dtypes() -> tuple[str, ...]:

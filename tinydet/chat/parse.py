@@ -49,6 +49,11 @@ class ChatMessage:
         else:
             self.content = (self.content or "") + d.text
 
+    def finish_reason(self, reason: str) -> str:
+        """OpenAI's finish reason for an answer the engine ended with `reason`: "tool_calls" where it
+        stopped after making calls."""
+        return "tool_calls" if self.tool_calls and reason == "stop" else reason
+
     def openai(self) -> dict:
         out = {"role": "assistant", "content": self.content if self.content or not self.tool_calls else None}
         if self.content is None and not self.tool_calls:

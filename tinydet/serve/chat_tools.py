@@ -83,9 +83,7 @@ def message(job: _Job) -> dict:
 
 def reason(job: _Job, reason: str) -> str:
     """The finish reason: "tool_calls" where an answer that stopped made calls."""
-    if job.parser is not None and reason == "stop" and job.parser.message.tool_calls:
-        return "tool_calls"
-    return reason
+    return reason if job.parser is None else job.parser.message.finish_reason(reason)
 
 
 def deltas(job: _Job) -> list[dict]:
