@@ -146,10 +146,7 @@ def test_contract_alone_batched_chunked_cached_speculating_threads(smollm, resto
 
 
 def test_thinking_template_splits_reasoning_from_content(smollm):
-    tok = smollm.tokenizer
-    saved = tok.chat_template
-    tok.chat_template = THINK_TEMPLATE
-    try:
+    with template(smollm, THINK_TEMPLATE):
         plan = smollm.chat_plan(ASK)
         assert plan.in_think and plan.think == ("<think>", "</think>")
         g = smollm.chat(ASK, max_tokens=40)
@@ -165,8 +162,6 @@ def test_thinking_template_splits_reasoning_from_content(smollm):
         if g.finish_reason == "tool_calls":
             check_calls(g, ["add"])
             assert g.message.reasoning_content is not None
-    finally:
-        tok.chat_template = saved
 
 
 def test_multi_turn_agent_loop_twice_gives_identical_transcripts(smollm):
