@@ -21,6 +21,7 @@ from tinydet.formats.gguf_model import rope_row_order
 from tinydet.backends.cpu import layout, loaders, simd
 from tinydet.backends.cpu.matmul import MM_GLU, MM_PLAIN, matmul, mm, scratch
 from tinydet.backends.cpu.ops import SILU, glu_rows
+from tinydet.backends.cpu.storage.kinds import tag
 from tinydet.formats.dequant import dequantize
 
 OLD = ["Q8_0", "Q4_0", "Q4_1"]
@@ -355,7 +356,7 @@ def test_jitted_entry_points():
         layers = [layout.pack_quantized(random_blocks(name, n, k, seed=40 + i), tid, k) for i in range(2)]
         st = layout.stack(layers)
         w = layout.as_storage(st)
-        assert len(w) == (3 if name in OLD + MX else 5)
+        assert len(w) == 6 and w[0] is tag("native", name)
         for T in (1, 6):
             x = rng.standard_normal((T, k)).astype(np.float32)
             for li in range(2):

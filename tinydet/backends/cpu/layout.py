@@ -61,6 +61,7 @@ from ...formats.ggml import GGML_TYPE_IDS, GGML_TYPES, MXFP4, Q4_0, Q4_1, Q8_0
 from .simd import HALF as QPANEL  # rows per quantized panel: the kernels' 32-lane vectors
 from . import repack
 from .simd import LANES, from_f16_bits
+from .storage.kinds import tag
 
 QBLOCK = 32  # elements per Q8_0 / Q4_0 / Q4_1 / Q5_0 block, and per K-quant sub-block
 QK_K = 256  # elements per K-quant super-block
@@ -129,6 +130,10 @@ class QPanels:
     def arrays(self) -> list[np.ndarray]:
         return [a for a in (self.qs, self.d, self.m, self.sc, self.qh) if a is not None]
 
+    def storage(self) -> tuple:
+        """The kernels' storage tuple (`as_storage`)."""
+        return (tag("native", self.type_name), self.qs, self.d, self.m, self.sc, self.qh)
+
     @property
     def nbytes(self) -> int:
         """Bytes a full pass over the matrix reads (padding included)."""
@@ -155,27 +160,10 @@ class QPanels:
 
 
 def as_storage(w):
-    """What the kernels take for a matrix: float panels as they are, `QPanels` as the tuple (qs, d, m)
-    (Q8_0, Q4_0, Q4_1) or (qs, d, m, sc, qh) (Q5_0 and the K-quants), `MixedPanels` as (its table,
-    then each part as five slots: (qs, d, m, sc, qh), or float panels and four Nones); the integer
-    mode's storages (`intpanels.IntPanels`, and a MixedPanels with such parts) as `intmixed.py` says."""
-    if hasattr(w, "int_storage"):  # intpanels.IntPanels
-        return w.int_storage()
-    if isinstance(w, MixedPanels):
-        # flat, as numba's parallel regions take no nested tuples: 5 slots per part
-        ints = [p.int_storage() for p in w.parts if hasattr(p, "int_storage")]
-        if ints:  # the integer mode's: (tag, table, 6 slots per part), `intmixed.py`
-            slots = [p.int_storage() if hasattr(p, "int_storage") else (p, None, None, None, None, None)
-                     for p in w.parts]
-            return (ints[0][0], w.table) + tuple(a for s in slots for a in s)
-        slots = [(p.qs, p.d, p.m, p.sc, p.qh) if isinstance(p, QPanels) else (p, None, None, None, None)
-                 for p in w.parts]
-        return (w.table,) + tuple(a for s in slots for a in s)
-    if not isinstance(w, QPanels):
-        return w
-    if w.sc is None and w.qh is None:
-        return (w.qs, w.d, w.m)
-    return (w.qs, w.d, w.m, w.sc, w.qh)
+    """What the kernels take for a matrix: float panels as they are, any other storage as its flat
+    tuple, whose first slot is the tag of its kind (`storage.kinds`): `QPanels` as (tag, qs, d, m, sc,
+    qh), `MixedPanels` as (tag, table, 6 slots per part), `intpanels.IntPanels` as QPanels."""
+    return w.storage() if hasattr(w, "storage") else w
 
 
 _CHUNK_ROWS = 4096  # rows packed between two release() calls
@@ -401,6 +389,15 @@ class MixedPanels:
 
     def arrays(self) -> list[np.ndarray]:
         return [a for p in self.parts for a in ([p] if isinstance(p, np.ndarray) else p.arrays())]
+
+    def storage(self) -> tuple:
+        """The kernels' storage tuple (`as_storage`): (tag, table, then 6 slots per part): a quantized
+        part's storage tuple, or float panels' tag, the panels and four Nones. A kind with parts of
+        the integer mode is of kind "int8-mixed" (`storage.intmixed`), else "mixed"."""
+        slots = [(tag(_kind_name(p)), p, None, None, None, None) if isinstance(p, np.ndarray) else p.storage()
+                 for p in self.parts]
+        kind = "int8-mixed" if any(s[0].kind == "int8" for s in slots) else "mixed"
+        return (tag(kind), self.table) + tuple(a for s in slots for a in s)
 
     @property
     def nbytes(self) -> int:
