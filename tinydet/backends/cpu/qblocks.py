@@ -1,4 +1,4 @@
-"""GGUF's quantized blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, MXFP4) in quantized panels
+"""GGUF's quantized blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, MXFP4) in quantized panels
 (`layout.py`), read as float32.
 
 Every weight reaches the sum as exactly the float32 value `formats.dequant` gives it, by the same
@@ -10,6 +10,7 @@ as an integer, converted exactly):
   Q4_0  w = d * q                    (q = nibble - 8)
   Q4_1  w = (d * q) + m              (q = the nibble)
   Q5_0  w = d * q                    (q = (nibble | 5th bit << 4) - 16)
+  Q5_1  w = (d * q) + m              (q = nibble | 5th bit << 4)
   Q4_K  w = (dl * q) - ml            dl = d * sc, ml = dmin * mn (sc, mn: the sub-block's 6-bit scale
   Q5_K                               and min); q = the nibble (Q5_K: | 5th bit << 4)
   Q6_K  w = dl * q                   dl = d * sc (sc: the 16 elements' int8 scale);
@@ -18,8 +19,8 @@ as an integer, converted exactly):
                                      q = kvalues[nibble], the E2M1 code's value doubled (`v_mx`)
 dequant.py subtracts Q4_0's 8 (Q5_0's 16, Q6_K's 32) in float32 (`float(q) - 8.0`); that subtraction is
 exact for every quant, so doing it on the integer before the exact conversion gives the same float.
-The fused multiply-adds are Q4_1's (d * q) + m and Q4_K/Q5_K's (dl * q) + (-ml) where the target has
-FMA: d is an fp16 value (11 significant bits) and q a 4-bit integer, so d * q is exact in float32;
+The fused multiply-adds are Q4_1's and Q5_1's (d * q) + m and Q4_K/Q5_K's (dl * q) + (-ml) where the target has
+FMA: d is an fp16 value (11 significant bits) and q a 4- or 5-bit integer, so d * q is exact in float32;
 dl = d * sc has at most 11 + 6 significant bits and is exact, and dl * q (q < 32) has at most 22, so
 it is exact too: fusing skips a rounding that rounds nothing (`v_dq_add`).
 
@@ -319,7 +320,7 @@ v_k_min = _k_scale_min(True)
 # Per panel p and quant block b (32 elements; K-quant sub-block j = b % 8 of super-block s = b // 8) the
 # scales are at [(p * nb + b) * 32] (K-quants: [(p * ns + s) * 32]); Q8_0's quant k at [(p * K + k) * 32];
 # the nibble word g of block b at [((p * nb + b) * 4 + g) * 32], its nibble i (bits 4i..4i+3) being
-# element 8g + i of the block; Q5_0/Q5_K's high bits of block b at [(p * nb + b) * 32] (bit e: element
+# element 8g + i of the block; Q5_0/Q5_1/Q5_K's high bits of block b at [(p * nb + b) * 32] (bit e: element
 # e); Q6_K's at [((p * nb + b) * 2 + h) * 32] (bits 2i, 2i + 1: element 16h + i); K-quant scale byte t
 # of super-block s at [((p * ns + s) * T + t) * 32] (T = 12, Q6_K 16).
 #
@@ -460,7 +461,8 @@ def _hi_written(qs, base, qh, hidx, hpre, hstep, hmask, sub, ds, mb, x, xi, a, w
 
 @njit(cache=True, inline="always")
 def q5_block(qs, qh, pb, kb, db, mb, sub, x, r0, a, wbuf, woff):
-    """`q_block` for a block of 5-bit quants (Q5_0: sub 16, mb None; Q5_K: sub 0), its words at
+    """`q_block` for a block of 5-bit quants (Q5_0: sub 16, mb None; Q5_1: sub 0, mb its mins; Q5_K:
+    sub 0), its words at
     qs[pb * 4 * 32:], the 5th bits (bit e: element e) at qh[pb * 32:]."""
     ds = nib_scales(db)
     for g in range(4):
@@ -671,6 +673,20 @@ def _q5_0_element(w, p, b, e, j):
     return widen(w[2][p, b, j]) * _f32(q)  # d * q
 
 
+def _q5_1_block(w, p, b, x, r0, a, wbuf, woff):
+    qs, d, m, qh = w[1], w[2], w[3], w[5]
+    pb = p * d.shape[1] + b
+    return q5_block(qs, qh, pb, b * QBLOCK, v32_load(d, pb * HALF), v32_load(m, pb * HALF), 0, x, r0, a, wbuf,
+                    woff)  # (d * q) + m
+
+
+def _q5_1_element(w, p, b, e, j):
+    lo = (w[1][p, b, e // 8, j] >> _u32(4 * (e % 8))) & _u32(15)
+    hi = (w[5][p, b, j] >> _u32(e)) & _u32(1)
+    q = np.int32(lo | (hi << _u32(4)))
+    return (widen(w[2][p, b, j]) * _f32(q)) + widen(w[3][p, b, j])  # (d * q) + m
+
+
 def _q4_k_block(w, p, b, x, r0, a, wbuf, woff):
     dl, nml = _k1_scales(w, p, b)
     return nib_block(w[1], p * w[1].shape[1] + b, b * QBLOCK, dl, nml, x, r0, a, wbuf, woff)
@@ -728,6 +744,7 @@ READERS = {
     "Q4_0": (_q4_block, _q4_0_element),
     "Q4_1": (_q4_block, _q4_1_element),
     "Q5_0": (_q5_0_block, _q5_0_element),
+    "Q5_1": (_q5_1_block, _q5_1_element),
     "Q4_K": (_q4_k_block, _k_type1_element),
     "Q5_K": (_q5_k_block, _k_type1_element),
     "Q6_K": (_q6_k_block, _q6_k_element),
