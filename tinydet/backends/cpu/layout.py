@@ -104,7 +104,8 @@ def _shapes(t: int, P: int, k: int) -> dict:
             "m": scale if t in (Q4_1, Q5_1, Q4_K, Q5_K) else None,
             "sc": {Q4_K: (np.uint8, (P, ns, 12, QPANEL)), Q5_K: (np.uint8, (P, ns, 12, QPANEL)),
                    Q6_K: (np.int8, (P, ns, 16, QPANEL))}.get(t),
-            "qh": {Q5_0: (np.uint32, (P, nb, QPANEL)), Q5_1: (np.uint32, (P, nb, QPANEL)), Q5_K: (np.uint32, (P, nb, QPANEL)),
+            "qh": {Q5_0: (np.uint32, (P, nb, QPANEL)), Q5_1: (np.uint32, (P, nb, QPANEL)),
+                   Q5_K: (np.uint32, (P, nb, QPANEL)),
                    Q6_K: (np.uint32, (P, nb, 2, QPANEL))}.get(t)}
 
 

@@ -5,8 +5,9 @@ Q4_K in some layers and Q6_K in others; [wq; wk] Q5_0 with wv Q8_0).
 Each segment is computed as a matrix of its own type alone would be in this mode: an integer part by
 the same kernels (`intdot.py`) against the same activation blocks, a float part (F16/F32 rows) by
 native's float path on the float rows (`floats.py`), as is a native part of a type the integer mode
-does not compute (`quantized.py`). The rows of x are quantized once per block size the kind's integer parts take (32 and/or 256, `actq.py`), not once
-per segment: a row's blocks depend on the row and the block size alone, so every segment of one block
+does not compute (`quantized.py`). The rows of x are quantized once per block size the kind's integer
+parts take (32 and/or 256, `actq.py`), not once per segment: a row's blocks depend on the row and the
+block size alone, so every segment of one block
 size reads the same quants, whichever segments there are. Segments start at multiples of 64 outputs, so
 the work split (decode units of 32 outputs, prefill groups of 64) never straddles two.
 
