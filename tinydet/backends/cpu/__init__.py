@@ -43,8 +43,8 @@ _HERE = Path(__file__).resolve().parent
 
 def _cache_key() -> str:
     h = hashlib.sha256(numba.__version__.encode())
-    for src in sorted(_HERE.glob("*.py")):
-        h.update(src.name.encode())
+    for src in sorted(_HERE.rglob("*.py")):  # storage/ too: its kinds are inlined into cached kernels
+        h.update(str(src.relative_to(_HERE)).encode())
         h.update(src.read_bytes())
     return h.hexdigest()[:16]
 
