@@ -33,7 +33,7 @@ side by side ($OLD: a checkout of the older commit, e.g. `git worktree add $OLD 
     python bench/compare.py --model M.gguf --engines tinydet:fp32@$OLD,tinydet:fp32
 
 Without --engines: tinydet and every peer that imports.
-Example (the table in bench/README.md):
+Example (the 2026-11-29 table in bench/NOTES.md):
 
     python bench/compare.py --model F32.gguf --llama-python $LLAMA_VENV/bin/python \\
         --engines llama.cpp,llama.cpp=F16.gguf,transformers,tinydet:fp32,tinydet:fp16
