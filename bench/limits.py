@@ -78,7 +78,7 @@ def median_time(f, runs=9):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--mb", type=float, default=512.0, help="size of the copied array")
     a = ap.parse_args()

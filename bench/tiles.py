@@ -79,7 +79,7 @@ def kernel(name: str, mode: str):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="r4w64,r6w64,r2w32,r4w16,r6w16")
     ap.add_argument("--rows", default="8,32,128", help="row counts T (tokens of a prompt, or sequences)")
     ap.add_argument("--mode", default="direct", choices=["direct", "buffered", "few"])

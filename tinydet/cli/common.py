@@ -191,7 +191,7 @@ def structured_options(fn):
 
 # A first run's compile, measured on 2 cores of a 2.x GHz Xeon (one core compiles): SmolLM2 135M from
 # a fresh cache, load included; a quantized file's every further weight type adds to native's and
-# int8's (bench/README, "Cold start").
+# int8's (bench/NOTES.md, "Cold start").
 COMPILE_SECONDS = {"fp32": "about 35 s", "fp16": "about 90 s", "native": "about 2 min, more with more weight types",
                    "int8": "about 1 min"}
 COMPILE_NOTICE = ("compiling kernels for this machine, once per tinydet version, dtype and weight type, cached "
