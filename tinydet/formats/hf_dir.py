@@ -26,11 +26,11 @@ from typing import Callable
 from .. import arch as archs
 from ..config import ModelConfig, RoPE, rope_refusal
 from ..errors import ModelFormatError
+from ..jsonfile import is_int as _is_int
+from ..jsonfile import read_json as _read_json
 from ..tokenizer.hf import CONFIG_FILE, TOKENIZER_FILE, read_hf_tokenizer
 from .checkpoint import Checkpoint, Tensor
 from .hf_mxfp4 import is_mxfp4, mxfp4_stack
-from .jsonfile import is_int as _is_int
-from .jsonfile import read_json as _read_json
 from .pickles import PICKLE_SUFFIXES, refuse_pickle
 from .safetensors import SafetensorsFile
 
