@@ -100,13 +100,14 @@ def worker(stage: str, a) -> dict:
         return out
     if stage in ("open", "trace"):
         from tinydet.formats import open_checkpoint
+        from tinydet.registry import resolve_model
 
         if stage == "trace":
             import tracemalloc
 
             tracemalloc.start()
         t0 = time.perf_counter()
-        ck = open_checkpoint(a.model)  # held while measured: a checkpoint as tinydet.load holds it
+        ck = open_checkpoint(resolve_model(a.model))  # held while measured: a checkpoint as tinydet.load holds it
         out["open_s"] = time.perf_counter() - t0
         out["tensors"] = len(ck.tensors)
         gc.collect()
