@@ -24,7 +24,7 @@ import numpy as np
 import tinydet  # noqa: F401,I001  (first: sizes numba's thread pool)
 import numba  # noqa: E402
 from numba import njit, prange  # noqa: E402
-from tinydet.backends.cpu.simd import target_isa, v16_splat, v_add, v_get, v_mul, v_splat  # noqa: E402
+from tinydet.numerics.simd import target_isa, v16_splat, v_add, v_get, v_mul, v_splat  # noqa: E402
 
 CHAINS = 6
 STEPS = 4_000_000

@@ -26,7 +26,7 @@ import tinydet  # noqa: F401,I001  (first: sizes numba's thread pool)
 import numba  # noqa: E402
 from tinydet.backends.cpu import layout
 from tinydet.backends.cpu.matmul import matmul
-from tinydet.backends.cpu.simd import to_f16_bits
+from tinydet.numerics.simd import to_f16_bits
 from tinydet.formats.dequant import dequantize
 from tinydet.formats.ggml import GGML_TYPES
 

@@ -30,7 +30,7 @@ import numba  # noqa: E402
 from numba import njit, prange  # noqa: E402
 from tinydet.backends.cpu import layout, tiles  # noqa: E402
 from tinydet.backends.cpu.matmul import chunk_range, split_chunks  # noqa: E402
-from tinydet.backends.cpu.simd import target_isa, to_f16_bits, v_load, v_store  # noqa: E402
+from tinydet.numerics.simd import target_isa, to_f16_bits, v_load, v_store  # noqa: E402
 
 SHAPES = {"r4w64": ((4, 64),), "r6w64": ((6, 64), (4, 64), (2, 64), (1, 64)),
           "r8w64": ((8, 64), (4, 64), (2, 64), (1, 64)), "r1w64": ((1, 64),),

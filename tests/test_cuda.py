@@ -37,7 +37,7 @@ from tinydet.backends.cpu import intpanels, layout
 from tinydet.backends.cpu.loaders import embed as cpu_embed
 from tinydet.backends.cpu.matmul import matmul as cpu_matmul
 from tinydet.backends.cpu.ops import rmsnorm as cpu_rmsnorm
-from tinydet.backends.cpu.simd import to_f16_bits
+from tinydet.numerics.simd import to_f16_bits
 from tinydet.backends.cupy import HostDevice, embed, product
 from tinydet.backends.cupy import device as D
 from tinydet.backends.cupy import products as cupy_products

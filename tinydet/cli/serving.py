@@ -198,7 +198,7 @@ def rollout(model_name, dtype, threads, max_batch, max_queue, prefill_chunk, pre
         except ro.RolloutFailed as e:
             raise TinydetError(f"rollout failed and was rolled back: {e}") from None
         if record_path:
-            from ..formats.jsonfile import write_json
+            from ..jsonfile import write_json
 
             write_json(record_path, out)
         click.echo("dry run: nothing changed" if dry_run else f"rolled out: {out['fingerprint']}")

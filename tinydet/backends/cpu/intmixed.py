@@ -25,7 +25,7 @@ from numba.extending import overload
 
 from .actq import quantize_rows
 from .intdot import K_KINDS, group_kernel, int_kind, units_kernel
-from .simd import LANES
+from ...numerics.simd import LANES
 
 
 def is_int_mixed(w) -> bool:

@@ -35,7 +35,7 @@ from .intdot import act_block, group_kernel, int_element, int_kind, tile_rows, u
 from .intmixed import is_int_mixed
 from .layout import QBLOCK, QPanels, as_storage
 from .qblocks import q_dequantize_pair, q_element, q_rows, q_unit, q_unit_pair
-from .simd import HALF, LANES, prefetch, target_isa, v_load, v_part, v_store, widen
+from ...numerics.simd import HALF, LANES, prefetch, target_isa, v_load, v_part, v_store, widen
 from .tiles import dot, put, rows_for, tiles_for
 
 # fp16 panels: from this many tokens on, widened once per group into a float32 buffer (`prefill_group`);
