@@ -70,6 +70,14 @@ def main(folder: str) -> None:
     print("\nper test:")
     for t, s in sorted(by_test.items(), key=lambda kv: -kv[1])[:60]:
         print(f"  {s:8.1f} s  {t}")
+    seen = defaultdict(list)
+    for r in rows:  # nested ones too: a kernel compiled twice is twice the work wherever it sits
+        seen[(r["kernel"], r["target"], r["sig"])].append(r["s"])
+    twice = {k: v for k, v in seen.items() if len(v) > 1}
+    print(f"\ncompiled more than once (in several processes, or again after a cache miss): {len(twice)} "
+          f"specializations, {sum(sum(v) - max(v) for v in twice.values()):.0f} s beyond the first")
+    for (k, tgt, _), v in sorted(twice.items(), key=lambda kv: -(sum(kv[1]) - max(kv[1])))[:15]:
+        print(f"  {sum(v) - max(v):8.1f} s  {len(v)}x  {k}  [{tgt}]")
     print("\nper kernel and target:")
     for (k, tgt), (s, n) in sorted(by_kernel.items(), key=lambda kv: -kv[1][0])[:40]:
         print(f"  {s:8.1f} s  {n:4d}x  {k}  [{tgt}]")
