@@ -558,7 +558,7 @@ def test_int8_trace_and_hooks(tmp_path, stories_path):
 
 def test_verify_on_the_emulated_gpu(stories_path):
     r = CliRunner().invoke(main, ["verify", "--model", str(stories_path), "--device", DEVICE, "--dtype", "fp32",
-                                  "--dtype", "fp16", "--new-tokens", "8", "--json"])
+                                  "--dtype", "fp16", "--max-tokens", "8", "--json"])
     assert r.exit_code == 0, r.output
     import json
 
@@ -571,7 +571,7 @@ def test_verify_on_the_emulated_gpu_takes_int8_of_a_quantized_file(tmp_path, sto
     import json
 
     path = requantized(tmp_path, stories_path, PLANS["Q4_1 + Q8_0 table + F16 output"])
-    r = CliRunner().invoke(main, ["verify", "--model", str(path), "--device", DEVICE, "--new-tokens", "4", "--json"])
+    r = CliRunner().invoke(main, ["verify", "--model", str(path), "--device", DEVICE, "--max-tokens", "4", "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
     cpu_cells = {c["dtype"] for c in out["cells"] if c["group"] == "backend" and c["variant"] == "cpu-numba"}
@@ -759,7 +759,7 @@ def test_no_cupy_no_gpu_bad_device(stories_path, monkeypatch):
     assert r.exit_code == 2 and "Invalid value for '--device'" in r.output
     r = CliRunner().invoke(main, ["serve", "--ray", "--device", "cuda"])
     assert r.exit_code == 1 and "Ray replicas run on the CPU" in r.output
-    r = CliRunner().invoke(main, ["golden", str(stories_path), "--write", "x.json", "--device", "cuda-host"])
+    r = CliRunner().invoke(main, ["golden", "--model", str(stories_path), "--write", "x.json", "--device", "cuda-host"])
     assert r.exit_code == 1 and "--write records the CPU backend's hashes" in r.output
 
 

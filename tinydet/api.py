@@ -207,7 +207,7 @@ class Model:
             "output_hash": g.output_hash, "logits_hash": g.logits_hash, "finish_reason": g.finish_reason,
             "settings": g.settings, "dtype": self.dtype, "threads": self.threads, "backend": self.backend.name,
             "timings": {"prefill_seconds": g.prefill_seconds, "decode_seconds": g.decode_seconds,
-                        "tokens_per_second": g.tokens_per_second},
+                        "compile_seconds": g.compile_seconds, "tokens_per_second": g.tokens_per_second},
         }
         if self._drafter is not None:
             record["speculative"] = speculation(g, self._drafter.name)

@@ -26,6 +26,7 @@ from collections import deque
 from typing import Callable, Iterator
 
 from ..backends import Backend
+from ..backends.compiletime import compile_seconds
 from ..errors import TinydetError
 from ..logprobs import token_logprobs
 from .plan import StepPlan, plan_step
@@ -90,12 +91,14 @@ class Handle:
 
 
 class _Running:
-    __slots__ = ("handle", "state", "slot", "fed", "cached", "t_submit", "t_admit", "t_first", "k", "scores")
+    __slots__ = ("handle", "state", "slot", "fed", "cached", "t_submit", "t_admit", "t_first", "c_admit", "c_first",
+                 "k", "scores")
 
     def __init__(self, handle: Handle, state: SequenceState, slot: int, t_submit: float, cached: int, k=None):
         self.handle, self.state, self.slot = handle, state, slot
         self.fed = self.cached = cached  # fed: prompt tokens in the cache; cached: from the prefix cache
         self.t_submit, self.t_admit, self.t_first = t_submit, time.perf_counter(), None
+        self.c_admit, self.c_first = compile_seconds(), None  # the compile clock at admission, at the first token
         self.k = k  # the drafter's DraftLength, or None
         self.scores: list | None = None  # with prompt_logprobs: (logprob, alternatives) of prompt tokens 1, 2, ...
 
@@ -199,9 +202,12 @@ class Engine:
         return SequenceState(self.tokenizer, r.prompt_ids, r.params, r.max_tokens, r.stop, r.constraint)
 
     def _finish(self, seq: _Running, events: list[Event], ev: Event) -> None:
-        now = time.perf_counter()
-        t_first = seq.t_first or now
-        g = seq.state.result(t_first - seq.t_admit, now - t_first, seq.t_admit - seq.t_submit)
+        now, c_now = time.perf_counter(), compile_seconds()
+        t_first, c_first = (seq.t_first, seq.c_first) if seq.t_first is not None else (now, c_now)
+        # numba compiling (or loading kernels from its cache) on a first call is counted apart
+        prefill_c, decode_c = c_first - seq.c_admit, c_now - c_first
+        g = seq.state.result(max(t_first - seq.t_admit - prefill_c, 0.0), max(now - t_first - decode_c, 0.0),
+                             seq.t_admit - seq.t_submit, prefill_c + decode_c)
         g.cached_tokens = seq.cached
         seq.handle.result = ev.result = g
         self._release(seq)
@@ -359,7 +365,7 @@ class Engine:
                 return
         tok, row = s.state.choose(rows[-1])
         if s.t_first is None:
-            s.t_first = time.perf_counter()
+            s.t_first, s.c_first = time.perf_counter(), compile_seconds()
         if done:
             self.prefix.store(self.cache, s.slot, s.state.prompt_ids, len(s.state.prompt_ids),
                               None if s.scores is None else [None] + s.scores)
