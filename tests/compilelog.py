@@ -21,6 +21,9 @@ LOG = os.environ.get("TINYDET_COMPILE_LOG")
 
 
 def _install(folder: str) -> None:
+    # numba sizes its thread pool at import: leave the room tinydet leaves (tinydet/__init__.py), or a
+    # subprocess that imports this first could not run 3 or 4 threads
+    os.environ.setdefault("NUMBA_NUM_THREADS", str(max(os.cpu_count() or 1, 4)))
     from numba.core import event
 
     out = open(Path(folder) / f"{os.getpid()}.jsonl", "a", buffering=1, encoding="utf-8")
