@@ -3,7 +3,7 @@ modes (native, int8, ...) beside llama.cpp, at several prompt lengths, and where
 first leaves native's.
 
     python bench/accuracy.py --model SmolLM2-135M-Instruct.Q4_1.gguf \\
-        --llama-python /work/llama-avx512/bin/python [--dtypes native,int8] [--lengths 40,400,1500]
+        --llama-python $LLAMA_VENV/bin/python [--dtypes native,int8] [--lengths 40,400,1500]
         [--reference float64|native] [--greedy 64] [--threads 2] [--json]
 
 The reference is `tests/reference.py`'s float64 forward pass from the file's weights as the `gguf`

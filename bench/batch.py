@@ -2,7 +2,7 @@
 (N different prompts, --new-tokens each), aggregate generated tokens per second, the builds run
 alternately in rounds (medians), each in its own worker process (compare.py's workers and idle waits).
 
-    python bench/batch.py --model M.gguf --engines tinydet:fp32@/tmp/old,tinydet:fp32 [--requests 8]
+    python bench/batch.py --model M.gguf --engines tinydet:fp32@$OLD,tinydet:fp32 [--requests 8]
         [--new-tokens 96] [--prompt-tokens 64] [--threads 2] [--repeats 5] [--json]
 
 Every build must give the same output hashes (tinydet's results do not depend on the batch); the
@@ -23,7 +23,7 @@ import compare  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
     ap.add_argument("--engines", required=True, help="comma-separated tinydet[:DTYPE][=MODEL][@SRC] (compare.py's)")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "native", "int8"])

@@ -3,7 +3,7 @@ on the same GGUF model, prompt tokens and thread count, engines run alternately.
 
     python bench/compare.py --model M.gguf [--threads 2] [--prompt-tokens 128] [--new-tokens 64]
         [--repeats 5] [--dtype fp32|fp16] [--engines tinydet,llama.cpp,transformers]
-        [--llama-python /work/llama-venv/bin/python] [--transformers-python PY] [--wait-idle 20]
+        [--llama-python $LLAMA_VENV/bin/python] [--transformers-python PY] [--wait-idle 20]
         [--retry-contended 3] [--spin 0.5] [--json]
 
 Each engine runs in its own worker process (this file, run with `--worker`), so llama-cpp-python can
@@ -28,14 +28,14 @@ transformers' torch dtype fp32/bf16/fp16 (default fp32); llama.cpp computes in t
 types (its KV cache is F16, its default; --llama-no-extra-bufts: without its AMX and repacked-weight
 buffers, for machines where they fail). MODEL is a GGUF file (default --model). SRC, for tinydet, is
 a source checkout to import instead of the installed one (put first on PYTHONPATH), so two versions run
-side by side:
+side by side ($OLD: a checkout of the older commit, e.g. `git worktree add $OLD COMMIT`):
 
-    python bench/compare.py --model M.gguf --engines tinydet:fp32@/tmp/old,tinydet:fp32
+    python bench/compare.py --model M.gguf --engines tinydet:fp32@$OLD,tinydet:fp32
 
 Without --engines: tinydet and every peer that imports.
-Example (the table in bench/README.md):
+Example (the 2026-11-29 table in bench/NOTES.md):
 
-    python bench/compare.py --model F32.gguf --llama-python /work/llama-venv/bin/python \\
+    python bench/compare.py --model F32.gguf --llama-python $LLAMA_VENV/bin/python \\
         --engines llama.cpp,llama.cpp=F16.gguf,transformers,tinydet:fp32,tinydet:fp16
 
 Only the standard library is imported at the top: the workers import their engine.
@@ -551,7 +551,7 @@ def main() -> None:
     if len(sys.argv) >= 3 and sys.argv[1] == "--worker":
         worker_main(json.loads(sys.argv[2]))
         return
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--model", help="GGUF file (the default for every engine)")

@@ -24,7 +24,7 @@ import numpy as np
 import tinydet  # noqa: F401,I001  (first: sizes numba's thread pool)
 import numba  # noqa: E402
 from numba import njit, prange  # noqa: E402
-from tinydet.backends.cpu.simd import target_isa, v16_splat, v_add, v_get, v_mul, v_splat  # noqa: E402
+from tinydet.numerics.simd import target_isa, v16_splat, v_add, v_get, v_mul, v_splat  # noqa: E402
 
 CHAINS = 6
 STEPS = 4_000_000
@@ -78,7 +78,7 @@ def median_time(f, runs=9):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--mb", type=float, default=512.0, help="size of the copied array")
     a = ap.parse_args()

@@ -1,7 +1,7 @@
 """Make F32 and F16 GGUF files from a quantized GGUF, for benchmarking against peers that are fastest
 on (or only support) float weights.
 
-    python bench/make_f32_f16.py SRC.gguf [--out-dir /work/cache/bench] [--types f32,f16]
+    python bench/make_f32_f16.py SRC.gguf [--out-dir .] [--types f32,f16]
 
 Every tensor is dequantized with `gguf.quants.dequantize` (exact: the quantized values are what the
 model is) and written with the same name, the same shape and llama.cpp's layout (no Q/K permutation
@@ -76,9 +76,10 @@ def convert(src: Path, dst: Path, kind: str) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("src", type=Path)
-    ap.add_argument("--out-dir", type=Path, default=Path("/work/cache/bench"))
+    ap.add_argument("--out-dir", type=Path, default=Path("."),
+                    help="folder for the new files (default: the current one)")
     ap.add_argument("--types", default="f32,f16", help="comma-separated: f32, f16")
     a = ap.parse_args()
     a.out_dir.mkdir(parents=True, exist_ok=True)

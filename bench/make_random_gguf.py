@@ -1,7 +1,7 @@
 """Random-weight GGUF files of real architectures' shapes, for benchmarks at the sizes people run.
 
     python bench/make_random_gguf.py --shape llama-1b --type Q4_0[,Q8_0,...] [--seed 0] [--pure]
-        [--out-dir /work/cache/bench] [--tokenizer SmolLM2.gguf]
+        [--out-dir .] [--tokenizer smollm2-135m-instruct]
 
 Shapes (`--shape`):
   llama-1b  Llama-3.2-1B's body: dim 2048, 16 layers, 32 heads / 8 KV heads, head_dim 64, FFN 8192,
@@ -24,7 +24,8 @@ Shapes (`--shape`):
             the router and every vector F32. `--layers N` as above
   gpt-oss-tiny   2 layers, dim 256, 8 experts of width 256, 2 per token: for the tests
 All take SmolLM2's tokenizer (every `tokenizer.ggml.*` key and the chat template, copied from
---tokenizer), so the vocabulary is its 49,152 tokens, not Llama 3's 128,256.
+--tokenizer: a GGUF file, or a known model's name, pulled as `tinydet pull` does; default
+smollm2-135m-instruct), so the vocabulary is its 49,152 tokens, not Llama 3's 128,256.
 
 Types (`--type`, several comma-separated: the same weights in each): F16 (matrices F16), Q8_0, Q4_0,
 Q4_K_M, and MXFP4 for gpt-oss (its experts' blocks are random codes under exponents 2^-9..2^-6, not
@@ -64,7 +65,7 @@ from gguf.constants import GGML_QUANT_SIZES
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from quantize import quantize
 
-SMOLLM2 = Path("~/.cache/tinydet/test-models/SmolLM2-135M-Instruct.Q4_1.gguf").expanduser()
+TOKENIZER_MODEL = "smollm2-135m-instruct"  # a known model (models/*.toml): its file gives the tokenizer
 STD = 0.02
 CHUNK = 1 << 22  # values generated and quantized at a time: bounds memory, a multiple of every block size
 
@@ -226,6 +227,18 @@ def tensor_slices(name: str, rows_cols: tuple[int, ...], type_name: str, seed: i
         yield quantize(x, type_name)
 
 
+def tokenizer_file(ap: argparse.ArgumentParser, name: str) -> Path:
+    """--tokenizer's file: a path as given, else a known model's verified file (pulled if not cached)."""
+    if Path(name).is_file():
+        return Path(name)
+    from tinydet.errors import TinydetError
+    from tinydet.registry import resolve_model
+    try:
+        return resolve_model(name)
+    except TinydetError as e:
+        ap.error(f"--tokenizer: {e}")
+
+
 def tokenizer_fields(path: Path) -> list[tuple[str, object, GGUFValueType, GGUFValueType | None]]:
     """Every tokenizer.ggml.* key and the chat template of a GGUF file, ready for add_key_value."""
     try:
@@ -310,7 +323,7 @@ def write(path: Path, shape_name: str, ftype: str, seed: int, pure: bool, tok_fi
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--shape", required=True, choices=sorted(SHAPES))
@@ -318,8 +331,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--pure", action="store_true", help="every matrix in the base type (no Q6_K output, no mix)")
     ap.add_argument("--layers", type=int, help="write only the shape's first N layers (file name: ...-{N}l)")
-    ap.add_argument("--out-dir", type=Path, default=Path("/work/cache/bench"))
-    ap.add_argument("--tokenizer", type=Path, default=SMOLLM2, help="GGUF file to copy the tokenizer from")
+    ap.add_argument("--out-dir", type=Path, default=Path("."), help="folder for the files (default: the current one)")
+    ap.add_argument("--tokenizer", default=TOKENIZER_MODEL,
+                    help=f"GGUF file or known model to copy the tokenizer from "
+                         f"(default {TOKENIZER_MODEL}, pulled on first use)")
     a = ap.parse_args()
     types = [t.strip().upper() for t in a.type.split(",") if t.strip()]
     for t in types:
@@ -329,9 +344,7 @@ def main() -> None:
         ap.error(f"--layers: expected 1..{SHAPES[a.shape].layers}")
     if not 0 <= a.seed < 2**63:
         ap.error("--seed: expected a non-negative integer")
-    if not a.tokenizer.is_file():
-        ap.error(f"--tokenizer: no file {a.tokenizer}")
-    tok = tokenizer_fields(a.tokenizer)
+    tok = tokenizer_fields(tokenizer_file(ap, a.tokenizer))
     a.out_dir.mkdir(parents=True, exist_ok=True)
     for t in types:
         cut = f"-{a.layers}l" if a.layers else ""

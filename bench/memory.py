@@ -22,8 +22,8 @@ goes as far as its stage:
 Each stage reports VmRSS from /proc/self/status (with its anonymous and file-backed parts: file
 pages are the mapped model and the shared libraries' code) and VmHWM, the peak so far (the same as
 ru_maxrss). The peak of the run worker is the figure of the whole job: load plus run. A worker
-that had to compile kernels (numba's cache was cold: the first run after an edit of backends/cpu/)
-peaks higher; it is run again, and the warm figures are reported.
+that had to compile kernels (numba's cache was cold: the first run after an edit of numerics/ or
+backends/cpu/) peaks higher; it is run again, and the warm figures are reported.
 
 --trace adds one more worker that runs `open` under tracemalloc (which costs memory of its own, so
 its RSS is not reported): the Python objects (NumPy's arrays included) alive after opening and at
@@ -92,7 +92,7 @@ def worker(stage: str, a) -> dict:
     on_first_compile(lambda: compiled.append(True))
     if stage == "runtime":
         import numpy as np
-        from tinydet.backends.cpu.simd import from_f16_bits
+        from tinydet.numerics.simd import from_f16_bits
 
         from_f16_bits(np.zeros((1, 1, 32), np.uint16))  # the signature loading uses: cached after one run
         marks["runtime"] = status()
@@ -100,13 +100,14 @@ def worker(stage: str, a) -> dict:
         return out
     if stage in ("open", "trace"):
         from tinydet.formats import open_checkpoint
+        from tinydet.registry import resolve_model
 
         if stage == "trace":
             import tracemalloc
 
             tracemalloc.start()
         t0 = time.perf_counter()
-        ck = open_checkpoint(a.model)  # held while measured: a checkpoint as tinydet.load holds it
+        ck = open_checkpoint(resolve_model(a.model))  # held while measured: a checkpoint as tinydet.load holds it
         out["open_s"] = time.perf_counter() - t0
         out["tensors"] = len(ck.tensors)
         gc.collect()
@@ -220,7 +221,7 @@ def render(res: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model")
     ap.add_argument("--dtype", default="native", choices=["fp32", "fp16", "native", "int8"])
     ap.add_argument("--threads", type=int, default=None)

@@ -26,7 +26,7 @@ import tinydet  # noqa: F401,I001  (first: sizes numba's thread pool)
 import numba  # noqa: E402
 from tinydet.backends.cpu import layout
 from tinydet.backends.cpu.matmul import matmul
-from tinydet.backends.cpu.simd import to_f16_bits
+from tinydet.numerics.simd import to_f16_bits
 from tinydet.formats.dequant import dequantize
 from tinydet.formats.ggml import GGML_TYPES
 
@@ -58,7 +58,7 @@ def timeit(fns, repeats):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=200)
     ap.add_argument("--prefill", type=int, default=0, help="also time T tokens at once")

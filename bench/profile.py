@@ -90,7 +90,7 @@ def run(be, mode, a, hooked: bool) -> tuple[list[float], dict[str, list[float]]]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model")
     ap.add_argument("--mode", default="decode", choices=["decode", "prefill", "batch"])
     ap.add_argument("--dtype", default="native", choices=["fp32", "fp16", "native", "int8"])

@@ -2,8 +2,8 @@
 prefill at 128 and 512 prompt tokens, decode, and decode after 2,048 and 4,096 prompt tokens, engines
 alternating in one run.
 
-    python bench/sizes.py --model /work/cache/bench/llama-1b-random.Q4_0.gguf \\
-        --llama-python /work/llama-venv/bin/python [--engines tinydet:native,llama.cpp] [--dtype native]
+    python bench/sizes.py --model $BENCH/llama-1b-random.Q4_0.gguf \\
+        --llama-python $LLAMA_VENV/bin/python [--engines tinydet:native,llama.cpp] [--dtype native]
         [--prompts 128,512] [--depths 2048,4096] [--new-tokens 64] [--repeats 3] [--threads 2]
         [--wait-idle 20] [--retry-contended 3] [--spin 0.5] [--json]
 
@@ -143,7 +143,7 @@ def render(r: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--model", required=True, help="GGUF file (the default for every engine)")

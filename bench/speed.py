@@ -14,7 +14,7 @@ import tinydet
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "native", "int8"])
     ap.add_argument("--threads", type=int, default=None)

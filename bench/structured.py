@@ -49,7 +49,7 @@ def check(text: str, schema: dict) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--dtype", default="fp32")
     ap.add_argument("--threads", type=int, default=2)

@@ -30,7 +30,7 @@ import numba  # noqa: E402
 from numba import njit, prange  # noqa: E402
 from tinydet.backends.cpu import layout, tiles  # noqa: E402
 from tinydet.backends.cpu.matmul import chunk_range, split_chunks  # noqa: E402
-from tinydet.backends.cpu.simd import target_isa, to_f16_bits, v_load, v_store  # noqa: E402
+from tinydet.numerics.simd import target_isa, to_f16_bits, v_load, v_store  # noqa: E402
 
 SHAPES = {"r4w64": ((4, 64),), "r6w64": ((6, 64), (4, 64), (2, 64), (1, 64)),
           "r8w64": ((8, 64), (4, 64), (2, 64), (1, 64)), "r1w64": ((1, 64),),
@@ -79,7 +79,7 @@ def kernel(name: str, mode: str):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="r4w64,r6w64,r2w32,r4w16,r6w16")
     ap.add_argument("--rows", default="8,32,128", help="row counts T (tokens of a prompt, or sequences)")
     ap.add_argument("--mode", default="direct", choices=["direct", "buffered", "few"])

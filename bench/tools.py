@@ -107,7 +107,7 @@ def run(model_name, args) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", action="append", default=None)
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--dtype", default="native")

@@ -36,7 +36,7 @@ def check_verify_matrix(path) -> None:
     from tinydet.cli import main
 
     dtypes = ("fp32", "fp16", "native", "int8")
-    r = CliRunner().invoke(main, ["verify", "--model", str(path), "--json", "--new-tokens", "12", "--no-subprocess"]
+    r = CliRunner().invoke(main, ["verify", "--model", str(path), "--json", "--max-tokens", "12", "--no-subprocess"]
                            + [a for d in dtypes for a in ("--dtype", d)])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)

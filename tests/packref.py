@@ -8,7 +8,7 @@ import numpy as np
 
 from tinydet.backends.cpu import layout
 from tinydet.backends.cpu.layout import K_QUANTS, MXFP4, Q4_0, Q4_1, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0, QBLOCK, QK_K, QPANEL
-from tinydet.backends.cpu.simd import from_f16_bits
+from tinydet.numerics.simd import from_f16_bits
 from tinydet.formats.ggml import GGML_TYPES
 
 _NIBBLE_SHIFTS = np.arange(0, 32, 4, dtype=np.uint32)

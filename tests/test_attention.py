@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tinydet.backends.cpu import ops
-from tinydet.backends.cpu.mathfn import exp64, tanh32
+from tinydet.numerics.mathfn import exp64, tanh32
 
 f32 = np.float32
 

@@ -85,7 +85,8 @@ def test_bench_cli(stories_path):
 
     from tinydet.cli import main
 
-    args = ["bench", str(stories_path), "--prompt-tokens", "8", "--new-tokens", "4", "--repeats", "2", "--threads", "1"]
+    args = ["bench", "--model", str(stories_path), "--prompt-tokens", "8", "--max-tokens", "4", "--repeats", "2",
+            "--threads", "1"]
     r = CliRunner().invoke(main, args + ["--dtype", "native", "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
@@ -95,5 +96,5 @@ def test_bench_cli(stories_path):
     assert out["output_hash"] == want["output_hash"]  # native decodes fp32's tokens
     text = CliRunner().invoke(main, args)
     assert text.exit_code == 0 and "decode" in text.output and "x (weights" in text.output
-    bad = CliRunner().invoke(main, ["bench", str(stories_path), "--prompt-tokens", "100000"])
+    bad = CliRunner().invoke(main, ["bench", "--model", str(stories_path), "--prompt-tokens", "100000"])
     assert bad.exit_code == 1 and "context length" in bad.output

@@ -43,7 +43,7 @@ def test_chat_answers_and_is_deterministic(smollm_models):
 
 def test_cli_chat_keeps_history(smollm_path, smollm_models):
     model = smollm_models("fp32")
-    r = CliRunner().invoke(main, ["chat", "--model", str(smollm_path), "--max-tokens", "24"],
+    r = CliRunner().invoke(main, ["chat", "--model", str(smollm_path), "--max-tokens", "24", "--temperature", "0"],
                            input="What is the capital of France?\nAnd of Italy?\n\n")
     assert r.exit_code == 0, r.output
     first = model.chat(CONVERSATIONS[0], max_tokens=24).text
@@ -55,7 +55,7 @@ def test_cli_chat_keeps_history(smollm_path, smollm_models):
 
 def test_generate_chat_flag(smollm_path, smollm_models):
     r = CliRunner().invoke(main, ["generate", "What is the capital of France?", "--chat", "--model", str(smollm_path),
-                                  "--max-tokens", "24"])
+                                  "--max-tokens", "24", "--temperature", "0"])
     assert r.exit_code == 0, r.output
     assert r.output.strip() == smollm_models("fp32").chat(CONVERSATIONS[0], max_tokens=24).text.strip()
 

@@ -17,7 +17,7 @@ import pytest
 import tinydet
 from tinydet.tools.convert import OUTPUT_FILES, convert_gguf_to_hf
 from tinydet.errors import TinydetError
-from tinydet.backends.cpu import simd as cpu
+from tinydet.numerics import simd as cpu
 
 from reference import hf_greedy
 

@@ -37,7 +37,7 @@ from tinydet.backends.cpu import intpanels, layout
 from tinydet.backends.cpu.loaders import embed as cpu_embed
 from tinydet.backends.cpu.matmul import matmul as cpu_matmul
 from tinydet.backends.cpu.ops import rmsnorm as cpu_rmsnorm
-from tinydet.backends.cpu.simd import to_f16_bits
+from tinydet.numerics.simd import to_f16_bits
 from tinydet.backends.cupy import HostDevice, embed, product
 from tinydet.backends.cupy import device as D
 from tinydet.backends.cupy import products as cupy_products
@@ -88,7 +88,10 @@ def test_product_every_storage_type(dev, name, rows, mm_path):
         w = rng.standard_normal((n, k)).astype(np.float32)
         w = layout.pack_panels(w if name == "f32" else to_f16_bits(w))
     else:
-        w = layout.pack_quantized(random_blocks(name, n, k, seed=rows, nonfinite=True).reshape(-1), GGML_TYPE_IDS[name], k)
+        # one seed for every row count: the same blocks, so the CPU reference compiles one storage
+        # signature per type (non-finite scales may be stored as float32, `layout._scale_storage`, and
+        # each float32/uint16 combination of d and m is a compile of its own, about a minute)
+        w = layout.pack_quantized(random_blocks(name, n, k, seed=3, nonfinite=True).reshape(-1), GGML_TYPE_IDS[name], k)
     want = np.full((rows, n), np.nan, np.float32)
     cpu_matmul(x, w, n, want)
     same(product(dev, x, w, n), want, name)
@@ -555,7 +558,7 @@ def test_int8_trace_and_hooks(tmp_path, stories_path):
 
 def test_verify_on_the_emulated_gpu(stories_path):
     r = CliRunner().invoke(main, ["verify", "--model", str(stories_path), "--device", DEVICE, "--dtype", "fp32",
-                                  "--dtype", "fp16", "--new-tokens", "8", "--json"])
+                                  "--dtype", "fp16", "--max-tokens", "8", "--json"])
     assert r.exit_code == 0, r.output
     import json
 
@@ -568,7 +571,7 @@ def test_verify_on_the_emulated_gpu_takes_int8_of_a_quantized_file(tmp_path, sto
     import json
 
     path = requantized(tmp_path, stories_path, PLANS["Q4_1 + Q8_0 table + F16 output"])
-    r = CliRunner().invoke(main, ["verify", "--model", str(path), "--device", DEVICE, "--new-tokens", "4", "--json"])
+    r = CliRunner().invoke(main, ["verify", "--model", str(path), "--device", DEVICE, "--max-tokens", "4", "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
     cpu_cells = {c["dtype"] for c in out["cells"] if c["group"] == "backend" and c["variant"] == "cpu-numba"}
@@ -756,7 +759,7 @@ def test_no_cupy_no_gpu_bad_device(stories_path, monkeypatch):
     assert r.exit_code == 2 and "Invalid value for '--device'" in r.output
     r = CliRunner().invoke(main, ["serve", "--ray", "--device", "cuda"])
     assert r.exit_code == 1 and "Ray replicas run on the CPU" in r.output
-    r = CliRunner().invoke(main, ["golden", str(stories_path), "--write", "x.json", "--device", "cuda-host"])
+    r = CliRunner().invoke(main, ["golden", "--model", str(stories_path), "--write", "x.json", "--device", "cuda-host"])
     assert r.exit_code == 1 and "--write records the CPU backend's hashes" in r.output
 
 

@@ -66,7 +66,7 @@ def test_gguf_nested_arrays_shallow_still_read(tmp_path):
 
 
 def test_read_json_nested_too_deep(tmp_path):
-    from tinydet.formats.jsonfile import read_json
+    from tinydet.jsonfile import read_json
 
     p = tmp_path / "config.json"
     p.write_text('{"a": ' + "[" * DEEP + "]" * DEEP + "}")

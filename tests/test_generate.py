@@ -27,7 +27,7 @@ def test_stories_greedy_text_api(stories_models, stories_greedy_text):
 
 def test_stories_greedy_text_cli(stories_path, stories_greedy_text):
     r = subprocess.run([sys.executable, "-m", "tinydet", "generate", "", "--model", str(stories_path),
-                        "--max-tokens", str(STORIES_NEW_TOKENS), "--dtype", "fp32"],
+                        "--max-tokens", str(STORIES_NEW_TOKENS), "--dtype", "fp32", "--temperature", "0"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     assert r.stdout == stories_greedy_text
@@ -35,7 +35,8 @@ def test_stories_greedy_text_cli(stories_path, stories_greedy_text):
 
 def test_cli_json(stories_path, stories_models):
     r = subprocess.run([sys.executable, "-m", "tinydet", "generate", "Once upon", "--model", str(stories_path),
-                        "--max-tokens", "20", "--temperature", "0.8", "--top-p", "0.9", "--seed", "7", "--json"],
+                        "--max-tokens", "20", "--temperature", "0.8", "--top-p", "0.9", "--seed", "7", "--top-k", "0",
+                        "--min-p", "0", "--json"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)

@@ -89,6 +89,18 @@ def test_missing_file(tmp_path):
     expect_error(tmp_path / "nope.gguf", "path", "no such file")
 
 
+def test_open_checkpoint_takes_a_path_only(tmp_path, monkeypatch):
+    """Names are the registry's (api.load resolves them first): a name is a missing path here, and
+    nothing is pulled."""
+    from tinydet.formats import open_checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    for missing in (tmp_path / "nope.gguf", "stories260k"):
+        with pytest.raises(ModelFormatError, match="path: no such file or directory") as ei:
+            open_checkpoint(missing)
+        assert str(missing) in str(ei.value) and "\n" not in str(ei.value)
+
+
 def test_not_gguf(tmp_path):
     expect_error(write(tmp_path, b"PK\x03\x04" + b"x" * 100), "magic", "not a GGUF file")
 

@@ -40,7 +40,7 @@ def test_golden_hashes(golden_model, env):
         bad = check_golden(model_loader(path), read_golden(golden), tinydet.hashing.file_sha256(path))
         assert bad == []
         return
-    r = subprocess.run([sys.executable, "-m", "tinydet", "golden", str(path), "--check", str(golden)],
+    r = subprocess.run([sys.executable, "-m", "tinydet", "golden", "--model", str(path), "--check", str(golden)],
                        capture_output=True, text=True, env=dict(os.environ, **ENVIRONMENTS[env]), timeout=1800)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "PASSED" in r.stdout
@@ -63,14 +63,14 @@ def test_stories_golden_is_pinned_to_the_published_text(stories_models, stories_
 def test_golden_refuses_to_overwrite_and_detects_change(tmp_path, stories_path):
     target = tmp_path / "g.json"
     target.write_text("{}")
-    r = CliRunner().invoke(main, ["golden", str(stories_path), "--write", str(target)])
+    r = CliRunner().invoke(main, ["golden", "--model", str(stories_path), "--write", str(target)])
     assert r.exit_code == 1 and "--overwrite" in r.output and target.read_text() == "{}"
     data = read_golden(GOLDEN / "stories260k.json")
     data["cases"] = data["cases"][1:3]
     data["cases"][1] = dict(data["cases"][1], logits_hash="0" * 64)
     import json
     target.write_text(json.dumps(data))
-    r = CliRunner().invoke(main, ["golden", str(stories_path), "--check", str(target)])
+    r = CliRunner().invoke(main, ["golden", "--model", str(stories_path), "--check", str(target)])
     assert r.exit_code == 1 and "logits_hash" in r.output and "FAILED" in r.output
 
 

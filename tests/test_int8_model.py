@@ -80,7 +80,7 @@ def test_cli_generate_int8(models, smollm_path):
     from tinydet.cli import main
 
     r = CliRunner().invoke(main, ["generate", "--model", str(smollm_path), "--dtype", "int8", "--threads", "2",
-                                  "--max-tokens", "8", "The capital of France is"])
+                                  "--max-tokens", "8", "--temperature", "0", "The capital of France is"])
     assert r.exit_code == 0, r.output
     assert "Paris" in r.output
 

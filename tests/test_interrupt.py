@@ -522,7 +522,8 @@ def test_chat_ctrl_c_stops_the_reply_and_keeps_the_history(stories_models, monke
     monkeypatch.setattr(tinydet.api.Model, "chat_prompt", chat_prompt)
     monkeypatch.setattr(tinydet.api.Model, "stream", stream)
     monkeypatch.setattr(cli, "_load", lambda *a, **k: model)
-    r = CliRunner().invoke(cli.main, ["chat", "--max-tokens", "20"], input="Once upon\nThe cat\n\n")
+    r = CliRunner().invoke(cli.main, ["chat", "--max-tokens", "20", "--temperature", "0"],
+                           input="Once upon\nThe cat\n\n")
     assert r.exit_code == 0, r.output
     partial = "".join(list(real_stream(model, model.prompt_ids("Once upon"), max_tokens=20))[:3])
     full = model.generate(model.prompt_ids("The cat"), max_tokens=20).text
@@ -597,7 +598,7 @@ def test_chat_ctrl_c_in_a_terminal(stories_path, tmp_path):
     # One thread: on a busy machine two threads' barriers take twenty times as long a token (no bits change).
     model = tinydet.load(path, threads=1)
     model.generate("Once", max_tokens=2)  # the kernels compiled (or loaded) here, into the child's cache
-    term = Terminal(["chat", "--model", path, "--max-tokens", CHAT_MAX_TOKENS, "--threads", 1])
+    term = Terminal(["chat", "--model", path, "--max-tokens", CHAT_MAX_TOKENS, "--threads", 1, "--temperature", 0])
     try:
         term.wait_for(lambda s: s.endswith("> "), "the first prompt")
         start = len(term.screen())

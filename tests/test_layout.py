@@ -1,6 +1,7 @@
-"""The package's layering: no import circle between its modules. Every import statement counts, at module
-level, inside a function (a deferred import is still a dependency) or under TYPE_CHECKING, so that each
-module can be read, tested and moved with only what sits below it."""
+"""The package's layering: its top-level pieces stand on floors, and no module imports one on a higher
+floor than its own (`FLOORS`), nor one that leads back to it (no import circle). Every import statement
+counts, at module level, inside a function (a deferred import is still a dependency) or under
+TYPE_CHECKING, so that each module can be read, tested and moved with only what sits below it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,24 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "tinydet"
+
+# The floors, ground first: a piece (a top-level module or package of tinydet; "__init__" is the
+# package's own) imports from its own floor and the ones below, never from a higher one.
+FLOORS = (
+    # the ground: errors, where files go, strict JSON, the config, hashes, the exact arithmetic
+    ("errors", "paths", "jsonfile", "config", "hashing", "numerics", "__init__"),
+    # pure functions over those: RoPE's frequencies, sampling, log-probabilities, text in and out
+    ("rope", "sampling", "logprobs", "tokenizer", "chat", "structured"),
+    ("arch",),  # architectures as data
+    ("formats",),  # model files in, read through the specs
+    ("registry",),  # known models' names to files, fetched and checked
+    ("backends",),  # the forward pass on a device
+    ("memory", "engine"),  # whether a load fits; the step-wise engine
+    ("api",),
+    ("tools",),  # verify, trace, golden, bench, convert
+    ("serve",),
+    ("cli", "__main__"),
+)
 
 
 def _modules(root: Path) -> dict[str, Path]:
@@ -84,6 +103,25 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
+def place(module: str) -> str:
+    """The top-level piece of the package a module belongs to ("__init__" for the package itself)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def unplaced(graph: dict[str, set[str]], floors=FLOORS) -> list[str]:
+    """The pieces of the graph's modules that stand on no floor."""
+    listed = {p for floor in floors for p in floor}
+    return sorted({place(m) for m in graph} - listed)
+
+
+def upward(graph: dict[str, set[str]], floors=FLOORS) -> list[tuple[str, str]]:
+    """(importer, imported) for every import of a module on a higher floor than the importer's."""
+    level = {p: i for i, floor in enumerate(floors) for p in floor}
+    return sorted((m, t) for m, targets in graph.items() for t in targets
+                  if level.get(place(t), -1) > level.get(place(m), len(floors)))
+
+
 def test_the_checker_sees_a_circle(tmp_path):
     """A deferred import and a TYPE_CHECKING one close circles too; a parent importing its children
     does not."""
@@ -101,8 +139,35 @@ def test_the_checker_sees_a_circle(tmp_path):
     assert circles(graph) == [["pkg.a", "pkg.sub", "pkg.sub.leaf"]]
 
 
+def test_the_checker_sees_an_import_running_up(tmp_path):
+    """A deferred import and a TYPE_CHECKING one run up a floor too, from a package's module and from
+    its __init__; an import down a floor or within one does not, and a piece on no floor is named."""
+    pkg = tmp_path / "pkg"
+    (pkg / "low").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "low" / "__init__.py").write_text("def f():\n    from ..high import h\n")
+    (pkg / "low" / "leaf.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.high\n"
+                                         "from .. import side\n")
+    (pkg / "side.py").write_text("")
+    (pkg / "high.py").write_text("from .low.leaf import g\nfrom . import side\ndef h():\n    pass\n")
+    (pkg / "stray.py").write_text("from . import high\n")
+    floors = (("__init__", "low", "side"), ("high",))
+    graph = import_graph(pkg)
+    assert upward(graph, floors) == [("pkg.low", "pkg.high"), ("pkg.low.leaf", "pkg.high")]
+    assert unplaced(graph, floors) == ["stray"]
+    assert upward(graph, (("__init__", "low", "side", "high"),)) == []  # one floor: nothing runs up
+
+
 def test_no_import_circle_in_the_package():
     assert circles(import_graph()) == []
+
+
+def test_no_import_runs_up_a_floor_in_the_package():
+    graph = import_graph()
+    assert unplaced(graph) == []
+    assert upward(graph) == []
+    listed = [p for floor in FLOORS for p in floor]
+    assert len(listed) == len(set(listed)) and set(listed) <= {place(m) for m in graph}  # each piece once, none gone
 
 
 def test_cli_dtypes_are_the_backends():

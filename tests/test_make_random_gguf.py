@@ -17,7 +17,6 @@ from gguf import GGMLQuantizationType, GGUFReader
 mk = bench_module("make_random_gguf")
 quantize = bench_module("quantize").quantize
 
-SMOLLM2 = mk.SMOLLM2
 
 
 def _dequant(blocks: np.ndarray, type_name: str) -> np.ndarray:
@@ -179,10 +178,8 @@ def test_tiny_moe_file_reads_as_a_mixture(tmp_path, stories_path):
     assert (st["w13e"], st["w2e"], st["router"]) == ("Q4_0", "Q4_0", "f32")
 
 
-def test_tokenizer_is_smollm2s():
-    if not SMOLLM2.is_file():
-        pytest.skip(f"no {SMOLLM2}")
-    tok = {name: value for name, value, *_ in mk.tokenizer_fields(SMOLLM2)}
+def test_tokenizer_is_smollm2s(smollm_path):
+    tok = {name: value for name, value, *_ in mk.tokenizer_fields(smollm_path)}
     assert len(tok["tokenizer.ggml.tokens"]) == len(tok["tokenizer.ggml.token_type"]) == 49152
     assert tok["tokenizer.ggml.model"] == "gpt2" and len(tok["tokenizer.ggml.merges"]) > 40000
     assert "tokenizer.chat_template" in tok and all(k.startswith("tokenizer.") for k in tok)

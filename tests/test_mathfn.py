@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 
-from tinydet.backends.cpu.mathfn import exp32, exp64, log64, sincos64, tanh32, tanh64
-from tinydet.backends.cpu.simd import from_f16_bits, to_f16_bits
+from tinydet.numerics.mathfn import exp32, exp64, log64, sincos64, tanh32, tanh64
+from tinydet.numerics.simd import from_f16_bits, to_f16_bits
 
 
 def ulps(a: float, b: float) -> float:
@@ -123,8 +123,8 @@ def test_vector_exp_and_tanh_give_the_scalar_bits_over_the_whole_range():
     special values."""
     from numba import njit
 
-    from tinydet.backends.cpu.simd import LANES, v_load, v_neg, v_store
-    from tinydet.backends.cpu.vmath import v_exp32, v_tanh32
+    from tinydet.numerics.simd import LANES, v_load, v_neg, v_store
+    from tinydet.numerics.vmath import v_exp32, v_tanh32
 
     @njit
     def f(x, e, t):

@@ -308,7 +308,7 @@ def test_verify_cells_pass(qwen_files):
     from contract import VERIFY_CELLS_IN_PROCESS
     from tinydet.cli import main
 
-    r = CliRunner().invoke(main, ["verify", "--model", str(qwen_files[2]), "--json", "--new-tokens", "12", "--dtype",
+    r = CliRunner().invoke(main, ["verify", "--model", str(qwen_files[2]), "--json", "--max-tokens", "12", "--dtype",
                                   "fp32", "--dtype", "native", "--dtype", "int8", "--no-subprocess"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)

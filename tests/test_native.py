@@ -18,7 +18,8 @@ import pytest
 from tinydet.formats.ggml import GGML_TYPE_IDS, GGML_TYPES
 from tinydet.formats.gguf import GGUFFile
 from tinydet.formats.gguf_model import rope_row_order
-from tinydet.backends.cpu import layout, loaders, simd
+from tinydet.backends.cpu import layout, loaders
+from tinydet.numerics import simd
 from tinydet.backends.cpu.matmul import MM_GLU, MM_PLAIN, matmul, mm, scratch
 from tinydet.backends.cpu.ops import SILU, glu_rows
 from tinydet.backends.cpu.storage.kinds import tag

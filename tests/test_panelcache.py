@@ -263,7 +263,7 @@ def test_progress_line_only_on_a_terminal_after_a_second(monkeypatch):
 def test_f16_rows_for_fp16_are_the_round_trip():
     """fp16 panels of an F16 tensor take its bits where no row has a NaN: the same as widening to
     float32 and rounding back, on every non-NaN pattern; rows with a NaN take the round trip."""
-    from tinydet.backends.cpu.simd import to_f16_bits
+    from tinydet.numerics.simd import to_f16_bits
     from tinydet.backends.cpu.weights import _pack_float, storage
     from tinydet.formats import Tensor
     from tinydet.formats.ggml import F16

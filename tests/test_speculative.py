@@ -179,7 +179,7 @@ def test_cli_generate_json(stories_path):
     for drafter in (None, "ngram", "fp16"):
         extra = ["--speculative", drafter] if drafter else []
         r = CliRunner().invoke(main, ["generate", "--model", str(stories_path), "--max-tokens", "40", "--json",
-                                      *extra, prompt])
+                                      "--temperature", "0", *extra, prompt])
         assert r.exit_code == 0, r.output
         out[drafter] = json.loads(r.output)
     plain = out[None]

@@ -198,7 +198,7 @@ def test_cli_generate_json_schema(stories_path, tmp_path):
     schema = tmp_path / "s.json"
     schema.write_text(json.dumps(SCHEMAS["sentiment"]))
     run = lambda *a: subprocess.run([sys.executable, "-m", "tinydet", "generate", "--model", str(stories_path),  # noqa: E731
-                                     *a], capture_output=True, text=True, timeout=300)
+                                     "--temperature", "0", *a], capture_output=True, text=True, timeout=300)
     r = run("Once", "--json-schema", str(schema), "--max-tokens", "80", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)

@@ -236,7 +236,8 @@ def test_cli_generate_json_reports_calls_and_chat_runs_the_loop(smollm_path, smo
     tools = tmp_path / "tools.json"
     tools.write_text(json.dumps([ADD]))
     run = lambda cmd, *a, **kw: subprocess.run([sys.executable, "-m", "tinydet", cmd, "--model", str(smollm_path),  # noqa: E731
-                                                "--dtype", "native", *a], capture_output=True, text=True,
+                                                "--dtype", "native", "--temperature", "0", *a], capture_output=True,
+                                               text=True,
                                                timeout=600, **kw)
     r = run("generate", "Add 2 and 3", "--chat", "--tools", str(tools), "--tool-choice", "add", "--max-tokens", "40",
             "--json")
@@ -256,7 +257,7 @@ def test_cli_generate_json_reports_calls_and_chat_runs_the_loop(smollm_path, smo
     assert r.returncode == 1 and "tools[0].function.name" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     tools.write_text(json.dumps({"tools": [ADD]}))
     r = run("generate", "x", "--tools", str(tools))
-    assert r.returncode == 1 and "go with --chat" in r.stderr
+    assert r.returncode == 2 and "--tools only with --chat" in r.stderr
 
 
 def test_template_kwargs_cannot_set_what_the_request_sets(smollm):

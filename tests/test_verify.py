@@ -34,7 +34,7 @@ def test_verify_stories_passes_every_cell(stories_path):
 
 
 def test_verify_smollm_passes(smollm_path):
-    r = CliRunner().invoke(main, ["verify", "--model", str(smollm_path), "--new-tokens", "8"])
+    r = CliRunner().invoke(main, ["verify", "--model", str(smollm_path), "--max-tokens", "8"])
     assert r.exit_code == 0, r.output
     assert f"PASSED: {VERIFY_CELLS_QUANTIZED}/{VERIFY_CELLS_QUANTIZED}" in r.output  # int8's cells too
     assert "int8   baseline" in r.output

@@ -207,7 +207,7 @@ class Model:
             "output_hash": g.output_hash, "logits_hash": g.logits_hash, "finish_reason": g.finish_reason,
             "settings": g.settings, "dtype": self.dtype, "threads": self.threads, "backend": self.backend.name,
             "timings": {"prefill_seconds": g.prefill_seconds, "decode_seconds": g.decode_seconds,
-                        "tokens_per_second": g.tokens_per_second},
+                        "compile_seconds": g.compile_seconds, "tokens_per_second": g.tokens_per_second},
         }
         if self._drafter is not None:
             record["speculative"] = speculation(g, self._drafter.name)
@@ -363,7 +363,7 @@ def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: i
     `panel_cache` keeps a GGUF file's packed weights on disk after the first load and maps them on
     later ones (`backends/cpu/panelcache.py`); False, or (when it is None) TINYDET_NO_PANEL_CACHE=1,
     turns that off. `speculative` ("ngram", a dtype, a draft model) sets `Model.speculative`."""
-    from .registry import DEFAULT_MODEL
+    from .registry import DEFAULT_MODEL, resolve_model
 
     from .backends.cpu import DTYPES
     from .backends.threads import check_threads
@@ -373,7 +373,7 @@ def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: i
     check_threads(threads)
     check_speculative(speculative)  # a bad name fails before the load
     dev = open_device(device)
-    ck = open_checkpoint(DEFAULT_MODEL if model is None else model, progress, verify=verify)
+    ck = open_checkpoint(resolve_model(DEFAULT_MODEL if model is None else model, verify=verify), progress)
     if check_memory is None:
         check_memory = os.environ.get(memory.ENV_OVERRIDE, "") in ("", "0")
     if check_memory:

@@ -21,3 +21,7 @@ class ModelFormatError(TinydetError):
 
 class ContextLengthError(TinydetError):
     """A request does not fit in the model's context window."""
+
+
+class MemoryLimitError(TinydetError):
+    """A load would need more memory than the machine (or the GPU) has available."""

@@ -23,11 +23,11 @@ def hash_logits(rows: Sequence[np.ndarray]) -> str:
     return h.hexdigest()
 
 
-# The sources that decide a result's bits: the kernels, model formats and architectures, tokenizers,
-# chat templates and tool-call grammars, structured outputs, the engine, sampling and log-probabilities.
-# Not the CLI, server, registry or tools.
-BIT_SOURCES = ("backends", "arch", "formats", "tokenizer", "engine", "config.py", "chat", "structured.py", "sampling.py",
-               "logprobs.py", "hashing.py")
+# The sources that decide a result's bits: the kernels and their arithmetic, RoPE's frequencies, model
+# formats and architectures, tokenizers, chat templates and tool-call grammars, structured outputs, the
+# engine, sampling and log-probabilities. Not the CLI, server, registry or tools.
+BIT_SOURCES = ("numerics", "backends", "rope.py", "arch", "formats", "jsonfile.py", "tokenizer", "engine", "config.py",
+               "chat", "structured.py", "sampling.py", "logprobs.py", "hashing.py")
 
 
 def source_hash() -> str:
@@ -79,7 +79,7 @@ def model_sha256(path: str | Path) -> str:
 
 def remember_sha256(path: Path, sha: str) -> None:
     """Record `sha` as the SHA-256 of `path` as it is now (best effort: the index is a shortcut only)."""
-    from .formats.jsonfile import write_json
+    from .jsonfile import write_json
     from .paths import file_lock
 
     index_path = _index_path()

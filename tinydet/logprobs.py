@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .backends.cpu.mathfn import exp64, log64
-from .backends.cpu.simd import LANES, v_load
-from .backends.cpu.vmath import v_exp64_sum_sub
 from .errors import TinydetError
+from .numerics.mathfn import exp64, log64
+from .numerics.simd import LANES, v_load
+from .numerics.vmath import v_exp64_sum_sub
 
 MAX_TOP = 20  # OpenAI's limit for top_logprobs
 

@@ -13,15 +13,11 @@ import math
 import os
 from pathlib import Path
 
-from .errors import TinydetError
+from .errors import MemoryLimitError
 
 KV_POSITIONS = 4096  # positions of KV cache the check reserves room for
 _LANES = 64  # rows per packed panel (backends/cpu/layout.py LANES), and cache positions per key tile
 ENV_OVERRIDE = "TINYDET_NO_MEMORY_CHECK"
-
-
-class MemoryLimitError(TinydetError):
-    """A load would need more memory than the machine has available."""
 
 
 def weight_bytes(tensors: dict, dtype: str) -> int:

@@ -28,7 +28,7 @@ LOW_FREQ_FACTOR, HIGH_FREQ_FACTOR = 1.0, 4.0
 
 def _base_inv(base: float, head_dim: int) -> np.ndarray:
     """base ** (-2i / head_dim) in float64, from tinydet's own exp/log."""
-    from .backends.cpu.mathfn import exp64, log64  # here: importing the backend imports this module
+    from .numerics.mathfn import exp64, log64  # here: reading a file's config needs no numba
 
     ln_base = log64(base)
     return np.array([exp64(-(2.0 * i / head_dim) * ln_base) for i in range(head_dim // 2)])
@@ -42,7 +42,7 @@ def _rdiv(a: float, t: np.float32) -> np.float32:
 def llama3_factors(rope: RoPE, head_dim: int) -> np.ndarray:
     """(head_dim / 2,) float32 divisors of a "llama3" RoPE's frequencies, as llama.cpp's converter
     computes them (its `LlamaModel.generate_extra_tensors`; module docstring)."""
-    from .backends.cpu.mathfn import exp64, log64
+    from .numerics.mathfn import exp64, log64
 
     ln_base = log64(rope.base)
     L, lo, hi = rope.original_context, rope.low_freq_factor, rope.high_freq_factor
@@ -78,7 +78,7 @@ def inv_freq(rope: RoPE, head_dim: int) -> np.ndarray:
 
 def _yarn(rope: RoPE, head_dim: int, inv: np.ndarray) -> np.ndarray:
     """YaRN's frequencies (transformers' `_compute_yarn_parameters`), in float64 with tinydet's log."""
-    from .backends.cpu.mathfn import log64
+    from .numerics.mathfn import log64
 
     def dim_of(rotations):  # the dimension whose wavelength makes `rotations` turns in the original context
         return head_dim * log64(rope.original_context / (rotations * 2 * math.pi)) / (2 * log64(rope.base))
@@ -96,7 +96,7 @@ def _yarn(rope: RoPE, head_dim: int, inv: np.ndarray) -> np.ndarray:
 
 def yarn_attention_factor(factor: float) -> float:
     """YaRN's default factor on cos and sin: 0.1 ln(factor) + 1 (1 for factor <= 1)."""
-    from .backends.cpu.mathfn import log64
+    from .numerics.mathfn import log64
 
     return 1.0 if factor <= 1 else 0.1 * log64(factor) + 1.0
 

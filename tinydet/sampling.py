@@ -18,7 +18,7 @@ import numpy as np
 from numba import njit
 
 from .errors import TinydetError
-from .backends.cpu.mathfn import exp64
+from .numerics.mathfn import exp64
 
 _M64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15

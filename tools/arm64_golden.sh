@@ -4,7 +4,7 @@
 # contraction, tinydet's own math), not its speed. Not for CI: a cold numba cache compiles every kernel
 # under emulation (tens of minutes).
 #
-#   tools/arm64_golden.sh [MODEL [GOLDEN]]     # default /work/shared/models/stories260K.gguf, tests/golden/stories260k.json
+#   tools/arm64_golden.sh [MODEL [GOLDEN]]     # default stories260K.gguf as the tests find it, tests/golden/stories260k.json
 #
 # Setup, idempotent, needs root, apt (Debian's arm64 packages) and PyPI:
 #   - qemu-user-static from apt;
@@ -14,16 +14,18 @@
 #     unzipped into $ARM64/site (PYTHONPATH; tinydet itself runs from this checkout).
 # Then tools/arm64_golden.py runs the cases, the fp32 + native ones and the fp16 ones in two processes
 # when there are two CPUs (each compiles its kernels; compilation dominates), one thread each.
-# numba's arm64 cache goes to $ARM64_CACHE (under /tmp), bytecode to a prefix there: nothing is written
-# into the checkout. Environment: ARM64 (/work/arm64), ARM64_CACHE (/tmp/arm64-golden), JOBS (1 or 2),
+# numba's arm64 cache goes to $ARM64_CACHE, bytecode to a prefix there: nothing is written into the
+# checkout. Environment: TINYDET_SHARED_MODELS (the tests' folder of stories260K.gguf, default
+# ../shared/models beside the checkout), ARM64 (${XDG_CACHE_HOME:-~/.cache}/tinydet/arm64),
+# ARM64_CACHE (${TMPDIR:-/tmp}/arm64-golden), JOBS (1 or 2),
 # SETUP_ONLY=1 (stop after the setup).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-MODEL=${1:-/work/shared/models/stories260K.gguf}
+MODEL=${1:-${TINYDET_SHARED_MODELS:-$REPO/../shared/models}/stories260K.gguf}
 GOLDEN=${2:-$REPO/tests/golden/stories260k.json}
-ARM64=${ARM64:-/work/arm64}
-ARM64_CACHE=${ARM64_CACHE:-/tmp/arm64-golden}
+ARM64=${ARM64:-${XDG_CACHE_HOME:-$HOME/.cache}/tinydet/arm64}
+ARM64_CACHE=${ARM64_CACHE:-${TMPDIR:-/tmp}/arm64-golden}
 JOBS=${JOBS:-$(( $(nproc) >= 2 ? 2 : 1 ))}
 HOST_PY=${HOST_PY:-$REPO/.venv/bin/python}
 [ -x "$HOST_PY" ] || HOST_PY=python3

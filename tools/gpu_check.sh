@@ -110,7 +110,7 @@ if has cpu; then
         [ -n "${golden[$m]}" ] || continue
         name=$(basename "$m" .gguf)
         # four threads each: the GPU phase's host side keeps cores of its own
-        python3 -m tinydet golden "$m" --check "${golden[$m]}" --threads 4 > "$work/cpu-golden-$name.log" 2>&1 &
+        python3 -m tinydet golden --model "$m" --check "${golden[$m]}" --threads 4 > "$work/cpu-golden-$name.log" 2>&1 &
         cpu_jobs+=("$!:$name")
     done
 fi
@@ -123,7 +123,7 @@ for m in "${models[@]}"; do
     fi
     has gpu || continue
     name=$(basename "$m" .gguf)
-    if ! run python3 -m tinydet golden "$m" --check "${golden[$m]}" --device "$device"; then
+    if ! run python3 -m tinydet golden --model "$m" --check "${golden[$m]}" --device "$device"; then
         # where the GPU parts from the CPU: the first op, layer and position, per dtype
         for dtype in fp32 fp16 native int8; do
             for d in cpu "$device"; do
@@ -133,9 +133,9 @@ for m in "${models[@]}"; do
             run python3 -m tinydet diff "$work/trace-$name-$dtype-cpu.jsonl" "$work/trace-$name-$dtype-$device.jsonl"
         done
     fi
-    run env TINYDET_CUDA_GRAPHS=0 python3 -m tinydet golden "$m" --check "${golden[$m]}" --device "$device"
+    run env TINYDET_CUDA_GRAPHS=0 python3 -m tinydet golden --model "$m" --check "${golden[$m]}" --device "$device"
     for dtype in fp32 fp16 native int8; do  # one JSON line each in the log (int8: native's on a float file)
-        run python3 -m tinydet bench "$m" --device "$device" --dtype "$dtype" --prompt-tokens 512 --new-tokens 64 \
+        run python3 -m tinydet bench --model "$m" --device "$device" --dtype "$dtype" --prompt-tokens 512 --max-tokens 64 \
             --repeats 3 --json
     done
     if has profile && [ "$device" != cuda-host ]; then  # the GPU time per kernel (needs torch)
@@ -154,8 +154,8 @@ if has size && { [ "$device" != cuda-host ] || [ -n "${SIZE_SHAPE:-}" ]; }; then
     elif run python3 bench/make_random_gguf.py --shape "$shape" --type Q4_0 --out-dir "$work" --tokenizer "$smollm2"; then
         big=$work/$shape-random.Q4_0.gguf
         for dtype in native int8; do
-            run python3 -m tinydet bench "$big" --device "$device" --dtype "$dtype" --prompt-tokens 512 \
-                --new-tokens 64 --repeats 3 --json
+            run python3 -m tinydet bench --model "$big" --device "$device" --dtype "$dtype" --prompt-tokens 512 \
+                --max-tokens 64 --repeats 3 --json
             run python3 tools/gpu_bench.py "$big" --device "$device" --dtype "$dtype" --requests 32 --new-tokens 64
             if has profile; then run python3 tools/gpu_profile.py "$big" --dtype "$dtype" --device "$device"; fi
         done
@@ -189,8 +189,8 @@ if has cpu; then
         [ "$rc" -eq 0 ] || failed=1
     done
     for m in "${models[@]}"; do
-        run python3 -m tinydet verify --model "$m" --device "$device" --new-tokens 16
-        run python3 -m tinydet bench "$m" --dtype fp32 --prompt-tokens 128 --new-tokens 64 --repeats 3 --json
+        run python3 -m tinydet verify --model "$m" --device "$device" --max-tokens 16
+        run python3 -m tinydet bench --model "$m" --dtype fp32 --prompt-tokens 128 --max-tokens 64 --repeats 3 --json
     done
 fi
 

@@ -41,7 +41,19 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+import numpy as np
+
 from ..config import ModelConfig
+
+
+def short(v) -> str:
+    """A file's value for a one-line message, as the format readers and the specs' hooks refuse it: an
+    array (which can hold millions of elements) by its length, anything else by a repr of at most 80
+    characters."""
+    if isinstance(v, (list, np.ndarray)):
+        return f"an array of {len(v)} elements"
+    r = repr(v)
+    return r if len(r) <= 80 else r[:77] + "..."
 
 
 @dataclass(frozen=True)

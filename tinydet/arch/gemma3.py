@@ -35,9 +35,10 @@ import math
 
 import numpy as np
 
-from . import ArchSpec, TensorSpec
+from . import ArchSpec, TensorSpec, short
 from ..config import RoPE
 from ..errors import TinydetError
+from .rope_params import per_layer_type, rope_object
 
 PATTERN = 6  # every PATTERN-th layer attends to every position (llama.cpp's default for gemma3)
 LOCAL_ROPE_BASE = 10000.0
@@ -82,18 +83,16 @@ def _gguf_config(k, fields: dict) -> dict:
         k.bad("attention.sliding_window", f"expected a window in 0..context_length ({ctx}), found {window!r}")
     sliding = [False] * n
     if window:
-        from ..formats.gguf_model import _short  # (formats imports arch)
-
         pattern = k.get("attention.sliding_window_pattern", PATTERN)
         if isinstance(pattern, np.ndarray):  # the reader gives a numeric or bool array as an ndarray
             if pattern.shape != (n,) or pattern.dtype.kind not in "biu":
-                k.bad("attention.sliding_window_pattern", f"expected {n} per-layer flags, found {_short(pattern)}")
+                k.bad("attention.sliding_window_pattern", f"expected {n} per-layer flags, found {short(pattern)}")
             sliding = [bool(x) for x in pattern.tolist()]
         elif isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0:
             sliding = [i % pattern < pattern - 1 for i in range(n)]
         else:
             k.bad("attention.sliding_window_pattern",
-                  f"expected a positive period or per-layer flags, found {_short(pattern)}")
+                  f"expected a positive period or per-layer flags, found {short(pattern)}")
     local_base = k.float("rope.freq_base_swa", LOCAL_ROPE_BASE)
     if not local_base > 0:
         k.bad("rope.freq_base_swa", f"expected a positive RoPE base, found {local_base!r}")
@@ -129,8 +128,6 @@ def _theta_given(c: dict) -> bool:
 
 def _hf_config(f, fields: dict) -> dict:
     """config.json as transformers' Gemma3TextConfig reads it (module docstring)."""
-    from ..formats.hf_dir import per_layer_type, rope_object  # (formats imports arch)
-
     c, n = f.c, fields["n_layers"]
     f.tie_default = True  # Gemma3TextConfig's tie_word_embeddings
     act = f.get("hidden_activation", "gelu_pytorch_tanh")

@@ -21,7 +21,10 @@ from .serving import rollout, serve
 @click.version_option(__version__, prog_name="tinydet")
 @click.pass_context
 def main(ctx):
-    """tinydet: deterministic transformer inference — the same bits every time."""
+    """tinydet: deterministic transformer inference — the same bits every time.
+
+    The commands that run a model take it as --model/-m (a GGUF file, a Hugging Face directory or a
+    known name; default smollm2-135m-instruct); pull, info and convert take theirs as an argument."""
     ctx.meta[LOADER] = _load  # read here at each run, so that a patch of tinydet.cli._load reaches the commands
 
 

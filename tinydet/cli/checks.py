@@ -11,7 +11,7 @@ import time
 import click
 
 from ..errors import TinydetError
-from .common import DTYPES, cli_errors, device_option, loader, no_memory_check_option
+from .common import DTYPES, cli_errors, device_option, loader, model_option, no_memory_check_option, renamed
 
 
 def _quantized(model) -> bool:
@@ -20,9 +20,11 @@ def _quantized(model) -> bool:
 
 
 @click.command()
-@click.option("--model", "model_name", default=None, help="Model (default: smollm2-135m-instruct).")
+@model_option
 @click.option("--prompt", default="Once upon a time", show_default=True)
-@click.option("--new-tokens", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Greedy tokens generated in each cell.")
+@renamed("--new-tokens", "--max-tokens", "max_tokens", type=click.IntRange(min=1))
 @click.option("--dtype", "dtypes", multiple=True, type=click.Choice(DTYPES),
               help="Default: fp32, fp16, native (which must give fp32's hashes), and int8 for a file with "
                    "quantized matrices (on the CPU).")
@@ -31,7 +33,7 @@ def _quantized(model) -> bool:
 @click.option("--worker", default=None, hidden=True)
 @device_option
 @cli_errors
-def verify(model_name, prompt, new_tokens, dtypes, no_subprocess, as_json, worker, device):
+def verify(model_name, prompt, max_tokens, dtypes, no_subprocess, as_json, worker, device):
     """Run the determinism matrix and print a hash per cell; exit 1 on any difference. With a GPU
     --device, the matrix runs there and the CPU backend's run is one more cell that must match."""
     from ..api import load
@@ -41,7 +43,7 @@ def verify(model_name, prompt, new_tokens, dtypes, no_subprocess, as_json, worke
     name = model_name or DEFAULT_MODEL
     if worker is not None:  # one baseline cell, for the subprocess runs
         model = load(name, dtype=(dtypes or ("fp32",))[0], threads=1)
-        click.echo(json.dumps({"hash": worker_hash(model, json.loads(worker), new_tokens)}))
+        click.echo(json.dumps({"hash": worker_hash(model, json.loads(worker), max_tokens)}))
         return
     first = load(name, dtype="fp32", threads=1, device=device)
     ids = first.prompt_ids(prompt)
@@ -55,23 +57,23 @@ def verify(model_name, prompt, new_tokens, dtypes, no_subprocess, as_json, worke
         if _quantized(loaded["native"]):
             dtypes += ("int8",)  # the integer mode's cells too
     cells = run_matrix(lambda d, t: loaded[d] if d in loaded else load(name, dtype=d, threads=t, device=device), name, ids,
-                       new_tokens, dtypes, on_cpu and not no_subprocess, show,
+                       max_tokens, dtypes, on_cpu and not no_subprocess, show,
                        reference=None if on_cpu else lambda d: load(name, dtype=d, threads=1))
     if show:
         click.echo("", err=True)
     ok = all(c.ok for c in cells)
     if as_json:
         click.echo(json.dumps({"model": str(first.path), "model_sha256": first.sha256, "prompt_token_ids": ids,
-                               "new_tokens": new_tokens, "passed": ok, "cells": [vars(c) for c in cells]}))
+                               "new_tokens": max_tokens, "passed": ok, "cells": [vars(c) for c in cells]}))
     else:
-        click.echo(f"model {first.path}\nprompt {prompt!r} ({len(ids)} tokens), {new_tokens} greedy tokens\n")
+        click.echo(f"model {first.path}\nprompt {prompt!r} ({len(ids)} tokens), {max_tokens} greedy tokens\n")
         click.echo(format_table(cells))
         click.echo(f"\n{'PASSED' if ok else 'FAILED'}: {sum(c.ok for c in cells)}/{len(cells)} cells equal the baseline")
     sys.exit(0 if ok else 1)
 
 
 @click.command()
-@click.option("--model", "model_name", default=None, help="Model (default: smollm2-135m-instruct).")
+@model_option
 @click.option("--prompt", required=True)
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False))
 @click.option("--dtype", type=click.Choice(DTYPES), default="fp32", show_default=True)
@@ -107,7 +109,8 @@ def diff(a, b, as_json):
 
 
 @click.command()
-@click.argument("model_name")
+@model_option
+@renamed("MODEL", "--model", "model_name")
 @click.option("--check", "check_path", type=click.Path(dir_okay=False), default=None,
               help="Run a golden file's cases and compare the hashes (exit 1 on any difference).")
 @click.option("--write", "write_path", type=click.Path(dir_okay=False), default=None,
@@ -118,16 +121,17 @@ def diff(a, b, as_json):
 @device_option
 @cli_errors
 def golden(model_name, check_path, write_path, overwrite, threads, no_native, device):
-    """Check or (re)generate golden hashes for a model."""
+    """Check or (re)generate golden hashes for a model: --write records them in a JSON file, --check
+    runs a file's cases again here (another machine, thread count or tinydet version) and compares."""
     from ..tools.golden import (check_golden, default_cases, model_loader, n_checked, read_golden, run_cases,
                                 write_golden)
-    from ..registry import resolve_model
+    from ..registry import DEFAULT_MODEL, resolve_model
 
     if (check_path is None) == (write_path is None):
         raise TinydetError("golden: give exactly one of --check FILE or --write FILE")
     if write_path and device != "cpu":
         raise TinydetError("golden: --write records the CPU backend's hashes, the reference; check a GPU with --check")
-    path = resolve_model(model_name)
+    path = resolve_model(model_name or DEFAULT_MODEL)
     get = model_loader(path, threads, device=device)
     sha = get("fp32").sha256
     if check_path:
@@ -147,19 +151,21 @@ def golden(model_name, check_path, write_path, overwrite, threads, no_native, de
 
 
 @click.command()
-@click.argument("model_name", required=False)
+@model_option
+@renamed("MODEL", "--model", "model_name")
 @click.option("--dtype", type=click.Choice(DTYPES), default="fp32", show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Default: the CPUs available.")
 @click.option("--prompt-tokens", type=click.IntRange(min=1), default=128, show_default=True)
-@click.option("--new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Tokens decoded after the prompt, all of them (an end-of-text token does not stop a bench).")
+@renamed("--new-tokens", "--max-tokens", "max_tokens", type=click.IntRange(min=1))
 @click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @device_option
 @no_memory_check_option
 @cli_errors
-def bench(model_name, dtype, threads, prompt_tokens, new_tokens, repeats, as_json, device):
-    """Prefill and decode speed, first-token latency and peak memory of MODEL on this machine
-    (default: the default model)."""
+def bench(model_name, dtype, threads, prompt_tokens, max_tokens, repeats, as_json, device):
+    """Prefill and decode speed, first-token latency and peak memory of a model on this machine."""
     from ..tools.bench import bench as run_bench
     from ..tools.bench import current_rss_bytes, format_report
 
@@ -167,5 +173,5 @@ def bench(model_name, dtype, threads, prompt_tokens, new_tokens, repeats, as_jso
     t0 = time.perf_counter()
     model = loader()(model_name, dtype, threads, False, device=device)
     load_s = time.perf_counter() - t0
-    r = run_bench(model, prompt_tokens, new_tokens, repeats, load_seconds=load_s, rss_before_load=rss0)
+    r = run_bench(model, prompt_tokens, max_tokens, repeats, load_seconds=load_s, rss_before_load=rss0)
     click.echo(json.dumps(r) if as_json else format_report(r))

@@ -1,22 +1,85 @@
 """What every command shares: the error and signal handling (cli_errors), the options common to
-several commands (model_options, sampling_options, device_option, no_memory_check_option,
-no_panel_cache_option) and loading a model with a progress line (_load, which the commands reach
+several commands (model_option, model_options, sampling_options, device_option, no_memory_check_option,
+no_panel_cache_option, check_sha256_option), old spellings kept as hidden aliases (renamed), C escapes
+in text options (unescape) and loading a model with a progress line (_load, which the commands reach
 through loader())."""
 
 from __future__ import annotations
 
 import functools
+import re
 import signal
 import sys
 import threading
 import time
 
 import click
+from click.core import ParameterSource
 
+# The command line is parsed after `tinydet.api` is imported (cli/__init__.py), numba and the kernels'
+# modules with it: the dtypes and native's types are named by their homes.
+from ..backends.cpu.layout import NATIVE_TYPES
+from ..backends.cpu.weights import DTYPES
 from ..errors import TinydetError
 
-# backends/cpu/weights.DTYPES, spelled here so that parsing the command line does not import numba
-DTYPES = ("fp32", "fp16", "native", "int8")
+_ESCAPE = re.compile(r"""\\(?:([ntr\\"'])|x([0-9A-Fa-f]{2})|u([0-9A-Fa-f]{4})|U([0-9A-Fa-f]{8}))""")
+_ESCAPED = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'"}
+ESCAPES = r"\n, \t, \r, \\, \", \', \xNN, \uNNNN, \UNNNNNNNN"
+
+
+def _escaped(m: re.Match) -> str:
+    char, *code = m.groups()
+    if char:
+        return _ESCAPED[char]
+    n = int(next(c for c in code if c), 16)
+    return m.group(0) if n > 0x10FFFF or 0xD800 <= n < 0xE000 else chr(n)  # not a character: kept as typed
+
+
+def unescape(text: str) -> str:
+    """Command-line text with its C escapes read, as llama.cpp's -e reads them (ESCAPES; \\xNN and
+    \\uNNNN are the character of that code point); any other backslash stays as typed."""
+    return _ESCAPE.sub(_escaped, text)
+
+
+def _unescape_all(ctx, param, value):
+    return tuple(unescape(v) for v in value)
+
+
+escape_option = click.option(
+    "-e", "--escape", is_flag=True,
+    help=f"Read C escapes ({ESCAPES}) in the prompt and --system, as llama.cpp's -e does. Without it they are "
+         "taken as typed. --stop always reads them.")
+
+
+class _UnlistedArgument(click.Argument):
+    """A positional argument left out of the usage line: an old spelling, kept working (`renamed`)."""
+
+    def get_usage_pieces(self, ctx):
+        return []
+
+
+def renamed(old: str, new: str, param: str, **attrs):
+    """Keep `old`, the spelling before `new` (an option such as "--new-tokens", or "MODEL" for a positional
+    argument), working but out of the help: its value goes to the command's parameter `param`, after a
+    one-line note on stderr. Giving both is a usage error."""
+    dest = "renamed_" + param
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def command(*args, **kwargs):
+            ctx = click.get_current_context()
+            value = kwargs.pop(dest)
+            if ctx.get_parameter_source(dest) is ParameterSource.COMMANDLINE:
+                if ctx.get_parameter_source(param) is ParameterSource.COMMANDLINE:
+                    raise click.UsageError(f"{new} and {old} (its old spelling) both given: give {new} once")
+                click.echo(f"note: {old} is deprecated; use {new}", err=True)
+                kwargs[param] = value
+            return fn(*args, **kwargs)
+
+        if old.startswith("-"):
+            return click.option(old, dest, hidden=True, **attrs)(command)
+        return click.argument(dest, cls=_UnlistedArgument, required=False, **attrs)(command)
+    return decorate
 
 
 def _progress(label: str, delay: float = 1.0):
@@ -120,21 +183,36 @@ device_option = click.option(
          "CPU's bits; or cuda-host, the GPU's kernels emulated on the CPU (slow: for checking them without a GPU).")
 
 
+DEFAULT_MODEL_NOTE = "Default: smollm2-135m-instruct, pulled on first use."
+model_option = click.option("--model", "-m", "model_name", default=None, metavar="MODEL",
+                            help="A GGUF file, a Hugging Face directory or a known model name (`tinydet models`). "
+                                 + DEFAULT_MODEL_NOTE)
+
+
+def check_sha256_option(help: str):
+    """--check-sha256 (the command's `check_sha256`), and --verify, its old spelling: `tinydet verify` is
+    another thing (the determinism matrix)."""
+    def decorate(fn):
+        fn = click.option("--check-sha256", "check_sha256", is_flag=True, help=help)(fn)
+        return renamed("--verify", "--check-sha256", "check_sha256", is_flag=True)(fn)
+    return decorate
+
+
+DTYPE_HELP = (f"fp32; fp16 (weights and KV cache as binary16); native (matrices kept as the file stores them, "
+              f"{', '.join(NATIVE_TYPES.values())} blocks dequantized in the kernels and F16 widened: the bits of "
+              "fp32); int8 (native, but quantized matrices computed in integers against 8-bit activations, as "
+              "llama.cpp does: deterministic, not fp32's bits).")
+
+
 def model_options(fn):
     for opt in reversed([
         device_option,
         no_memory_check_option,
         no_panel_cache_option,
-        click.option("--model", "model_name", default=None,
-                     help="A GGUF file, a Hugging Face directory or a known model name (`tinydet models`). "
-                          "Default: smollm2-135m-instruct, pulled on first use."),
-        click.option("--dtype", type=click.Choice(DTYPES), default="fp32", show_default=True,
-                     help="fp32; fp16 (weights and KV cache as binary16); native (matrices kept as the file stores "
-                          "them, Q8_0/Q4_0/Q4_1 dequantized in the kernels: the bits of fp32); int8 (native, but quantized "
-                          "matrices computed in integers against 8-bit activations, as llama.cpp does: "
-                          "deterministic, not fp32's bits)."),
+        model_option,
+        click.option("--dtype", type=click.Choice(DTYPES), default="fp32", show_default=True, help=DTYPE_HELP),
         click.option("--threads", type=click.IntRange(min=1), default=None, help="Default: the CPUs available."),
-        click.option("--verify", is_flag=True, help="Re-hash a known model's file before use."),
+        check_sha256_option("Re-hash a known model's file against its manifest's SHA-256 before use."),
         click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None,
                      help="Append one JSON line per request to this file."),
     ]):
@@ -150,15 +228,27 @@ speculative_option = click.option(
          "hashes; faster where the proposals are taken.")
 
 
+# The command line's sampling: llama.cpp's default values, with a fixed seed, so that a first run reads well
+# and gives the same text every time. The library and the server keep greedy and OpenAI's defaults.
+SAMPLING_DEFAULTS = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=0)
+
+
 def sampling_options(fn):
+    d = SAMPLING_DEFAULTS
     for opt in reversed([
         click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True),
-        click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 = greedy."),
-        click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off."),
-        click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=1.0, show_default=True),
-        click.option("--min-p", type=click.FloatRange(min=0, max=1), default=0.0, show_default=True),
-        click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True),
-        click.option("--stop", multiple=True, help="Stop when this text appears (repeatable)."),
+        click.option("--temperature", type=click.FloatRange(min=0), default=d["temperature"], show_default=True,
+                     help="0 = greedy (then --top-k, --top-p and --min-p do nothing). Sampling is seeded: the "
+                          "same --seed gives the same text."),
+        click.option("--top-k", type=click.IntRange(min=0), default=d["top_k"], show_default=True, help="0 = off."),
+        click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=d["top_p"],
+                     show_default=True, help="1 = off."),
+        click.option("--min-p", type=click.FloatRange(min=0, max=1), default=d["min_p"], show_default=True,
+                     help="0 = off."),
+        click.option("--seed", type=click.IntRange(min=0), default=d["seed"], show_default=True),
+        click.option("--stop", multiple=True, callback=_unescape_all,
+                     help=f"Stop when this text appears (repeatable). C escapes are read: --stop '\\n' stops at "
+                          f"a newline ({ESCAPES}; \\\\ for a backslash)."),
     ]):
         fn = opt(fn)
     return fn
@@ -191,7 +281,7 @@ def structured_options(fn):
 
 # A first run's compile, measured on 2 cores of a 2.x GHz Xeon (one core compiles): SmolLM2 135M from
 # a fresh cache, load included; a quantized file's every further weight type adds to native's and
-# int8's (bench/README, "Cold start").
+# int8's (bench/NOTES.md, "Cold start").
 COMPILE_SECONDS = {"fp32": "about 35 s", "fp16": "about 90 s", "native": "about 2 min, more with more weight types",
                    "int8": "about 1 min"}
 COMPILE_NOTICE = ("compiling kernels for this machine, once per tinydet version, dtype and weight type, cached "

@@ -14,8 +14,8 @@ import click
 from .. import __version__
 from ..api import check_speculative
 from ..engine.speculate import speculation
-from .common import (cli_errors, json_object, loader, model_options, sampling_options, speculative_option,
-                     structured_options)
+from .common import (cli_errors, escape_option, json_object, loader, model_options, sampling_options,
+                     speculative_option, structured_options, unescape)
 
 
 def _read_tools(path):
@@ -70,28 +70,36 @@ def _stream(pieces) -> None:
 @model_options
 @sampling_options
 @click.option("--chat", "as_chat", is_flag=True, help="Send PROMPT as a user message through the chat template.")
-@click.option("--system", default=None, help="With --chat: a system message.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
+@click.option("--system", default=None, help="With --chat (refused without): a system message.")
+@escape_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text: the text, "
+              "token ids, hashes, settings, the model's SHA-256 and system_fingerprint, and timings (a first "
+              "call's kernel compile or cache load in compile_seconds, apart from prefill and decode).")
 @speculative_option
 @structured_options
 @tools_options
 @cli_errors
-def generate(prompt, model_name, device, dtype, threads, verify, log_path, max_tokens, temperature, top_k, top_p, min_p,
-             seed, stop, as_chat, system, as_json, speculative, json_schema, regex, grammar, tools_path, tool_choice,
-             template_kwargs):
-    """Continue PROMPT (empty: start from BOS), streaming the text as it is produced. With --chat and
-    --json, the reply's reasoning and tool calls are reported apart from its content."""
-    from ..errors import TinydetError
-
+def generate(prompt, model_name, device, dtype, threads, check_sha256, log_path, max_tokens, temperature, top_k, top_p,
+             min_p, seed, stop, as_chat, system, escape, as_json, speculative, json_schema, regex, grammar, tools_path,
+             tool_choice, template_kwargs):
+    """Continue PROMPT (empty: start from BOS), streaming the text as it is produced. Sampling is seeded
+    (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, seed 0: llama.cpp's values with a fixed seed), so
+    the same command gives the same text every time; --temperature 0 is greedy. With --chat and --json,
+    the reply's reasoning and tool calls are reported apart from its content."""
+    chat_only = [name for name, given in (("--system", system is not None), ("--tools", tools_path is not None),
+                                          ("--tool-choice", tool_choice is not None),
+                                          ("--template-kwargs", template_kwargs is not None)) if given]
+    if chat_only and not as_chat:
+        raise click.UsageError(f"{', '.join(chat_only)} only with --chat (they go through the chat template)")
+    if escape:
+        prompt, system = unescape(prompt), system and unescape(system)
     tools, options = _read_tools(tools_path), json_object("--template-kwargs", template_kwargs)
-    if (tools is not None or tool_choice or options) and not as_chat:
-        raise TinydetError("--tools, --tool-choice and --template-kwargs go with --chat")
     check_speculative(speculative)  # before the load
     if json_schema is not None:
         from ..structured import check_schema_text
 
         check_schema_text(json_schema)  # before the load
-    model = loader()(model_name, dtype, threads, verify, log_path, device)
+    model = loader()(model_name, dtype, threads, check_sha256, log_path, device)
     model.speculative = speculative
     kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                   min_p=min_p, seed=seed, stop=list(stop), json_schema=json_schema, regex=regex, grammar=grammar)
@@ -130,6 +138,8 @@ def generate(prompt, model_name, device, dtype, threads, verify, log_path, max_t
         "model": str(model.path),
         "model_sha256": model.sha256,
         "tinydet_version": __version__,
+        "system_fingerprint": model.fingerprint,
+        "compile_seconds": g.compile_seconds,
         "prefill_seconds": g.prefill_seconds,
         "decode_seconds": g.decode_seconds,
         "total_seconds": total,
@@ -177,18 +187,23 @@ def _ctrl_c_flag():
 @model_options
 @sampling_options
 @click.option("--system", default=None, help="A system message to start the conversation with.")
+@escape_option
 @speculative_option
 @tools_options
 @cli_errors
-def chat(model_name, device, dtype, threads, verify, log_path, max_tokens, temperature, top_k, top_p, min_p, seed, stop,
-         system, speculative, tools_path, tool_choice, template_kwargs):
+def chat(model_name, device, dtype, threads, check_sha256, log_path, max_tokens, temperature, top_k, top_p, min_p, seed,
+         stop, system, escape, speculative, tools_path, tool_choice, template_kwargs):
     """Talk with a model through its chat template. History is kept. Ctrl-C while a reply is being
     written stops it and returns to the prompt (the reply stays in the history as far as it got); an
     empty line, /exit or Ctrl-D at the prompt ends (Ctrl-C there too, with exit status 130). With
-    --tools the model may call them: each call is shown, you type its result, and the model goes on."""
+    --tools the model may call them: each call is shown, you type its result, and the model goes on.
+    Sampling is seeded, as generate's (--temperature 0: greedy). With -e, each line typed has its C
+    escapes read too."""
     tools, options = _read_tools(tools_path), json_object("--template-kwargs", template_kwargs)
     check_speculative(speculative)  # before the load
-    model = loader()(model_name, dtype, threads, verify, log_path, device)
+    read = unescape if escape else (lambda text: text)
+    system = system and read(system)
+    model = loader()(model_name, dtype, threads, check_sha256, log_path, device)
     model.speculative = speculative
     messages = [{"role": "system", "content": system}] if system else []
     kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -201,7 +216,7 @@ def chat(model_name, device, dtype, threads, verify, log_path, max_tokens, tempe
             return
         if not line.strip() or line.strip() in ("/exit", "/quit"):
             return
-        messages.append({"role": "user", "content": line})
+        messages.append({"role": "user", "content": read(line)})
         if tools is not None or options:
             _agent_turn(model, messages, kwargs, dict(tools=tools, tool_choice=_tool_choice(tool_choice),
                                                        chat_template_kwargs=options))

@@ -9,7 +9,7 @@ import click
 import numpy as np
 
 from ..errors import TinydetError
-from .common import _progress, cli_errors
+from .common import _progress, check_sha256_option, cli_errors
 
 
 def _short(v) -> str:
@@ -23,18 +23,18 @@ def _short(v) -> str:
 
 @click.command()
 @click.argument("model_name")
-@click.option("--verify", is_flag=True, help="Check the file against the known models' SHA-256.")
+@check_sha256_option("Check the file against the known models' SHA-256.")
 @cli_errors
-def info(model_name, verify):
+def info(model_name, check_sha256):
     """Print a model's SHA-256, metadata, configuration and a tensor summary."""
     from ..formats import open_checkpoint
     from ..hashing import file_sha256
     from ..registry import resolve_model, verify_file
 
-    path = resolve_model(model_name, verify=verify)
+    path = resolve_model(model_name, verify=check_sha256)
     ck = open_checkpoint(path)
     click.echo(f"{'directory' if ck.format == 'huggingface' else 'file'}: {ck.path}")
-    if verify and path.is_file():
+    if check_sha256 and path.is_file():
         digest, known, ok = verify_file(path)
         status = "not a known model" if known is None else (f"matches {known}" if ok else f"DOES NOT match {known}")
         click.echo(f"sha256: {digest} ({status})")
@@ -77,13 +77,13 @@ def convert(source, out_dir, dtype, overwrite):
 
 @click.command()
 @click.argument("name")
-@click.option("--verify", is_flag=True, help="Re-hash the file even if it is already cached.")
+@check_sha256_option("Re-hash the file even if it is already cached.")
 @cli_errors
-def pull(name, verify):
+def pull(name, check_sha256):
     """Download a known model into the cache and verify its SHA-256."""
     from ..registry import pull as pull_model
 
-    click.echo(str(pull_model(name, progress=True, verify=verify)))
+    click.echo(str(pull_model(name, progress=True, verify=check_sha256)))
 
 
 @click.command()

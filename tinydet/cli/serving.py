@@ -7,7 +7,8 @@ import click
 
 from ..errors import TinydetError
 from . import common
-from .common import cli_errors, device_option, json_object, loader, no_memory_check_option, no_panel_cache_option
+from .common import (check_sha256_option, cli_errors, device_option, json_object, loader, model_option,
+                     no_memory_check_option, no_panel_cache_option)
 
 
 def _cluster_module():
@@ -44,9 +45,9 @@ def _replica_spec(cluster, model_name, dtype, threads, max_batch, max_queue, pre
 def replica_options(fn):
     """The options of a served model, shared by `serve` and `rollout`."""
     options = [
-        click.option("--model", "model_name", default=None, help="A GGUF file, a Hugging Face directory or a known "
-                     "model name. Default: smollm2-135m-instruct."),
-        click.option("--dtype", type=click.Choice(common.DTYPES), default="fp32", show_default=True),
+        model_option,
+        click.option("--dtype", type=click.Choice(common.DTYPES), default="fp32", show_default=True,
+                     help=common.DTYPE_HELP),
         click.option("--threads", type=click.IntRange(min=1), default=None,
                      help="Default: the CPUs available; on Ray (--ray, rollout), 1 per replica."),
         click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True,
@@ -69,7 +70,7 @@ def replica_options(fn):
                           "canary. Default: the model manifest's golden case."),
         click.option("--canary-interval", type=click.FloatRange(min=0), default=10.0, show_default=True,
                      help="Minutes between canary runs after the one at start (0 = only at start)."),
-        click.option("--verify", is_flag=True, help="Re-hash a known model's file before use."),
+        check_sha256_option("Re-hash a known model's file against its manifest's SHA-256 before use."),
         no_memory_check_option,
         no_panel_cache_option,
         common.speculative_option,
@@ -94,10 +95,22 @@ def replica_options(fn):
 @device_option
 @cli_errors
 def serve(model_name, host, port, dtype, threads, max_batch, max_queue, prefill_chunk, prefix_cache_mb, api_key,
-          log_path, served_model_name, canary_file, canary_interval, shutdown_timeout, verify, speculative, on_ray,
-          replicas, ray_address, device):
-    """Serve a model over OpenAI's API (/v1/completions, /v1/chat/completions, /v1/models, /health,
-    /metrics). Same system_fingerprint + same request + same seed = the same bytes, under any load."""
+          log_path, served_model_name, canary_file, canary_interval, shutdown_timeout, check_sha256, speculative,
+          on_ray, replicas, ray_address, device):
+    """Serve a model over HTTP. Same system_fingerprint + same request + same seed = the same bytes,
+    under any load. Sampling follows OpenAI's defaults (temperature 1), not generate's.
+
+    \b
+    Endpoints:
+      POST /v1/completions          OpenAI's completions (streamed or not)
+      POST /v1/chat/completions     chat through the model's template; tools, reasoning
+      POST /v1/responses            OpenAI's Responses API (stateless)
+      GET  /v1/models, /v1/models/NAME
+      POST /tokenize, /detokenize   vLLM's: text to token ids and back
+      GET  /tokenizer_info          vLLM's: the tokenizer's settings (lm-evaluation-harness reads it)
+      GET  /health                  200 once loaded and the canary passed, else 503; the fingerprint
+      GET  /metrics                 Prometheus text
+    """
     import logging
     from pathlib import Path
 
@@ -106,7 +119,8 @@ def serve(model_name, host, port, dtype, threads, max_batch, max_queue, prefill_
     if on_ray:
         cluster = _cluster_module()
         spec = _replica_spec(cluster, model_name, dtype, threads, max_batch, max_queue, prefill_chunk, prefix_cache_mb,
-                             api_key, log_path, served_model_name, canary_file, canary_interval, verify, speculative)
+                             api_key, log_path, served_model_name, canary_file, canary_interval, check_sha256,
+                             speculative)
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         cluster.run(spec, replicas or 2, host, port, ray_address, shutdown_timeout,
                     echo=lambda m: click.echo(m, err=True))
@@ -131,7 +145,7 @@ def serve(model_name, host, port, dtype, threads, max_batch, max_queue, prefill_
         served_model_name = name if name in known_models() else Path(name).name
     load = loader()  # now: the service calls it on a thread of its own, where there is no click context
     def load_model():
-        model = load(model_name, dtype, threads, verify, device=device)
+        model = load(model_name, dtype, threads, check_sha256, device=device)
         model.speculative = speculative  # the same bytes, so the fingerprint does not name it
         return model
 
@@ -162,8 +176,8 @@ def serve(model_name, host, port, dtype, threads, max_batch, max_queue, prefill_
 @click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
 @cli_errors
 def rollout(model_name, dtype, threads, max_batch, max_queue, prefill_chunk, prefix_cache_mb, api_key, log_path,
-            served_model_name, canary_file, canary_interval, verify, speculative, replicas, ray_address, probe_file, steps,
-            step_seconds, record_path, runtime_env_json, dry_run):
+            served_model_name, canary_file, canary_interval, check_sha256, speculative, replicas, ray_address, probe_file,
+            steps, step_seconds, record_path, runtime_env_json, dry_run):
     """Roll a `tinydet serve --ray` deployment over to a new model or tinydet version: new replicas
     beside the old ones, each through its golden gate; probes compared with the old replicas' answers
     (byte-identical under the same fingerprint, else recorded as the new baseline); traffic shifted in
@@ -191,14 +205,14 @@ def rollout(model_name, dtype, threads, max_batch, max_queue, prefill_chunk, pre
         if served_model_name is None:
             served_model_name = cluster.backend_info(table["backends"][0]["app"])["name"]
         spec = _replica_spec(cluster, model_name, dtype, threads, max_batch, max_queue, prefill_chunk, prefix_cache_mb,
-                             api_key, log_path, served_model_name, canary_file, canary_interval, verify,
+                             api_key, log_path, served_model_name, canary_file, canary_interval, check_sha256,
                              speculative)
         try:
             out = ro.rollout(spec, replicas, probes, shares, step_seconds, dry_run, runtime_env, echo=click.echo)
         except ro.RolloutFailed as e:
             raise TinydetError(f"rollout failed and was rolled back: {e}") from None
         if record_path:
-            from ..formats.jsonfile import write_json
+            from ..jsonfile import write_json
 
             write_json(record_path, out)
         click.echo("dry run: nothing changed" if dry_run else f"rolled out: {out['fingerprint']}")

@@ -7,6 +7,10 @@ join and leave at any step. Its tokens are sampled from its own logits rows at i
 the backend's rows do not depend on what else shares a pass or how a prompt was chunked, so every
 request's result is bit-identical to the same request generated alone.
 
+A step decides, executes, then applies (as vLLM's scheduler, model runner and `update_from_output`):
+it ends cancelled requests, admits waiting ones and plans the pass (`plan.plan_step`, a `StepPlan`);
+grows the cache and runs the backend's pass; then advances each sequence by its rows.
+
 Threads: `submit` and `cancel` may be called from any thread; `step` (or `serve`, a loop of steps for
 a background thread) from one thread at a time. Each handle's events arrive in order on a queue its
 owner can block on.
@@ -22,17 +26,13 @@ from collections import deque
 from typing import Callable, Iterator
 
 from ..backends import Backend
+from ..backends.compiletime import compile_seconds
 from ..errors import TinydetError
 from ..logprobs import token_logprobs
+from .plan import StepPlan, plan_step
 from .prefix import SCORED_TOP, PrefixCache, block_keys
 from .sequence import Event, Generation, Request, SequenceState, check_request
 from .speculate import make_drafter
-
-# The most rows a step's decoding sequences and their proposals make together (`Engine._propose`):
-# proposals only fill the rows a batch leaves. On a CPU a checked row costs its arithmetic, and a full
-# batch already shares each weight's read: 8 SmolLM2 requests with prompt lookup ran at 0.93x plain
-# with no limit, 0.95x with 16 or 12 rows, 1.00x with 8 (no proposals in a batch of 8).
-SPECULATIVE_ROWS = 8
 
 
 class Handle:
@@ -91,13 +91,14 @@ class Handle:
 
 
 class _Running:
-    __slots__ = ("handle", "state", "slot", "fed", "cached", "t_submit", "t_admit", "t_first", "draft", "k", "scores")
+    __slots__ = ("handle", "state", "slot", "fed", "cached", "t_submit", "t_admit", "t_first", "c_admit", "c_first",
+                 "k", "scores")
 
     def __init__(self, handle: Handle, state: SequenceState, slot: int, t_submit: float, cached: int, k=None):
         self.handle, self.state, self.slot = handle, state, slot
         self.fed = self.cached = cached  # fed: prompt tokens in the cache; cached: from the prefix cache
         self.t_submit, self.t_admit, self.t_first = t_submit, time.perf_counter(), None
-        self.draft: list[int] = []  # the tokens proposed after the last one in this step's pass
+        self.c_admit, self.c_first = compile_seconds(), None  # the compile clock at admission, at the first token
         self.k = k  # the drafter's DraftLength, or None
         self.scores: list | None = None  # with prompt_logprobs: (logprob, alternatives) of prompt tokens 1, 2, ...
 
@@ -201,9 +202,12 @@ class Engine:
         return SequenceState(self.tokenizer, r.prompt_ids, r.params, r.max_tokens, r.stop, r.constraint)
 
     def _finish(self, seq: _Running, events: list[Event], ev: Event) -> None:
-        now = time.perf_counter()
-        t_first = seq.t_first or now
-        g = seq.state.result(t_first - seq.t_admit, now - t_first, seq.t_admit - seq.t_submit)
+        now, c_now = time.perf_counter(), compile_seconds()
+        t_first, c_first = (seq.t_first, seq.c_first) if seq.t_first is not None else (now, c_now)
+        # numba compiling (or loading kernels from its cache) on a first call is counted apart
+        prefill_c, decode_c = c_first - seq.c_admit, c_now - c_first
+        g = seq.state.result(max(t_first - seq.t_admit - prefill_c, 0.0), max(now - t_first - decode_c, 0.0),
+                             seq.t_admit - seq.t_submit, prefill_c + decode_c)
         g.cached_tokens = seq.cached
         seq.handle.result = ev.result = g
         self._release(seq)
@@ -223,88 +227,86 @@ class Engine:
         handle._put(ev)
 
     def _step(self) -> list[Event]:
+        """Decide (cancel, admit, plan the pass), execute the plan, apply its rows."""
         events: list[Event] = []
         with self._lock:
-            cancelled, self._cancelled = self._cancelled, set()
-            kept = deque()
-            for h, t in self._waiting:
-                if h.id in cancelled:  # never admitted: no tokens, no text
-                    state = self._state(h.request)
-                    state.cancel()
-                    h.result = state.result()
-                    self._emit(h, events, Event(h.id, "", None, None, "cancelled", h.result))
-                    h._done.set()
-                else:
-                    kept.append((h, t))
-            self._waiting = kept
-            for seq in [s for s in self._running.values() if s.handle.id in cancelled]:
-                self._finish(seq, events, Event(seq.handle.id, seq.state.cancel(), None, None, "cancelled"))
-            while self._free:
-                i = self._next_admitted()
-                if i is None:
-                    break
-                h, t_submit = self._waiting[i]
-                del self._waiting[i]
-                r = h.request
-                slot = self._free.pop()
-                self.cache.reset(slot)
-                # At least the prompt's last token is computed: its logits row picks the first token.
-                scored = r.prompt_logprobs is not None
-                cached, scores = (0, []) if r.prompt_logits else self.prefix.load(
-                    self.cache, slot, r.prompt_ids, len(r.prompt_ids) - 1, scored)
-                if scored and cached:  # the last cached position runs again: its row scores the next token
-                    cached -= 1
-                self.cache.lengths[slot] = cached
-                seq = self._running[slot] = _Running(h, self._state(r), slot, t_submit, cached,
-                                                     self.drafter.length() if self.drafter else None)
-                if scored:
-                    seq.scores = scores[1:]
-                    if seq.scores:
-                        self._emit(h, events, Event(h.id, "", None, prompt_scores=self._scored(r, 1, seq.scores)))
+            self._cancel(events)
+            self._admit(events)
         if not self._running:
             return events
-        # Decoding sequences take one token each; prompts share what is left of the budget, in the
-        # order they joined (at least one prompt token per step, so every prompt progresses).
-        items, seqs = [], []
-        prefill = [s for s in self._running.values() if s.fed < len(s.state.prompt_ids)]
-        for s in self._running.values():
-            if s.fed == len(s.state.prompt_ids):
-                items.append((s.slot, [s.state.ids[-1]], "last"))
-                seqs.append(s)
-        if self.drafter is not None:
-            self._propose(items, seqs, len(prefill))
-        n_decode = sum(len(toks) for _, toks, _ in items)
-        budget = None if self.step_tokens is None else max(self.step_tokens - n_decode, 0 if items else 1)
-        for s in prefill:
-            if budget == 0:
+        plan = plan_step(list(self._running.values()), self.cache.lengths, self.step_tokens,
+                         self.backend.config.context_length, self.drafter)
+        logits = self._execute(plan)
+        self._apply(plan, logits, events)
+        return events
+
+    def _cancel(self, events: list[Event]) -> None:
+        """End the requests cancelled since the last step, waiting or running (with the lock held)."""
+        cancelled, self._cancelled = self._cancelled, set()
+        kept = deque()
+        for h, t in self._waiting:
+            if h.id in cancelled:  # never admitted: no tokens, no text
+                state = self._state(h.request)
+                state.cancel()
+                h.result = state.result()
+                self._emit(h, events, Event(h.id, "", None, None, "cancelled", h.result))
+                h._done.set()
+            else:
+                kept.append((h, t))
+        self._waiting = kept
+        for seq in [s for s in self._running.values() if s.handle.id in cancelled]:
+            self._finish(seq, events, Event(seq.handle.id, seq.state.cancel(), None, None, "cancelled"))
+
+    def _admit(self, events: list[Event]) -> None:
+        """Give free slots to waiting requests (`_next_admitted`), each starting from what the prefix
+        cache holds of its prompt (with the lock held)."""
+        while self._free:
+            i = self._next_admitted()
+            if i is None:
                 break
-            rest = len(s.state.prompt_ids) - s.fed
-            n = rest if budget is None else min(rest, budget)
-            r = s.handle.request
-            want = "all" if r.prompt_logits or r.prompt_logprobs is not None else "last" if n == rest else "none"
-            items.append((s.slot, s.state.prompt_ids[s.fed:s.fed + n], want))
-            seqs.append(s)
-            s.fed += n
-            self.stats["prompt_tokens_computed"] += n
-            if budget is not None:
-                budget -= n
+            h, t_submit = self._waiting[i]
+            del self._waiting[i]
+            r = h.request
+            slot = self._free.pop()
+            self.cache.reset(slot)
+            # At least the prompt's last token is computed: its logits row picks the first token.
+            scored = r.prompt_logprobs is not None
+            cached, scores = (0, []) if r.prompt_logits else self.prefix.load(
+                self.cache, slot, r.prompt_ids, len(r.prompt_ids) - 1, scored)
+            if scored and cached:  # the last cached position runs again: its row scores the next token
+                cached -= 1
+            self.cache.lengths[slot] = cached
+            seq = self._running[slot] = _Running(h, self._state(r), slot, t_submit, cached,
+                                                 self.drafter.length() if self.drafter else None)
+            if scored:
+                seq.scores = scores[1:]
+                if seq.scores:
+                    self._emit(h, events, Event(h.id, "", None, prompt_scores=self._scored(r, 1, seq.scores)))
+
+    def _execute(self, plan: StepPlan) -> list:
+        """Run the plan's pass; each item's logits rows (None for a chunk that wants none)."""
+        self.stats["prompt_tokens_computed"] += plan.prompt_tokens
         # The cache grows (doubling, up to the context) as sequences reach its end, not when they are
         # admitted: a request's max_tokens is a limit, not a reservation in every slot.
-        need = max(int(self.cache.lengths[slot]) + len(toks) for slot, toks, _ in items)
-        if need > self.cache.capacity:
-            self.cache.grow(max(need, min(2 * self.cache.capacity, self.backend.config.context_length)))
-        logits = self.backend.forward_batch(items, self.cache)
+        if plan.need > self.cache.capacity:
+            self.cache.grow(max(plan.need, min(2 * self.cache.capacity, self.backend.config.context_length)))
+        logits = self.backend.forward_batch(list(plan.items), self.cache)
         self.stats["steps"] += 1
-        for s, rows in zip(seqs, logits):
+        return logits
+
+    def _apply(self, plan: StepPlan, logits: list, events: list[Event]) -> None:
+        """Advance each sequence of the plan by its rows, in the plan's order. A sequence's own failure
+        (say, NaN logits) ends its request alone: the others go on."""
+        for s, n, draft, rows in zip(plan.seqs, plan.fed, plan.drafts, logits):
+            s.fed += n
             try:
-                self._advance(s, rows, events)
-            except Exception as e:  # this request's own failure (say, NaN logits): the others go on
+                self._advance(s, rows, draft, events)
+            except Exception as e:
                 with self._lock:
                     self._release(s, keep=False)
                     s.handle.error = e
                     s.handle._put(None)
                     s.handle._done.set()
-        return events
 
     def _next_admitted(self) -> int | None:
         """The index in the queue of the first request to admit: the first whose prompt does not
@@ -337,29 +339,13 @@ class Engine:
             h.keys = block_keys(ids, self.cache.block, len(ids) // self.cache.block)
         return h.keys
 
-    def _propose(self, items: list, seqs: list, n_prefill: int) -> None:
-        """Give each decoding item its drafter's proposals (as many as its draft length, the tokens it
-        may still make, the context, the step's budget and SPECULATIVE_ROWS allow), asking for every
-        row."""
-        room = None if self.step_tokens is None else self.step_tokens - len(items) - (1 if n_prefill else 0)
-        decode_room = max(0, SPECULATIVE_ROWS - len(items))
-        room = decode_room if room is None else min(room, decode_room)
-        ctx = self.backend.config.context_length
-        for i, s in enumerate(seqs):
-            st = s.state
-            k = min(s.k.k, st.max_tokens - len(st.ids) - 1, ctx - int(self.cache.lengths[s.slot]) - 1)
-            k = min(k, room)
-            s.draft = self.drafter.propose(st.prompt_ids + st.ids, k) if k > 0 else []
-            if s.draft:
-                items[i] = (s.slot, [st.ids[-1]] + s.draft, "all")
-                room -= len(s.draft)
-
-    def _advance(self, s: _Running, rows, events: list[Event]) -> None:
-        """Take one sequence's logits rows from a pass: sample its next token, or just note a chunk."""
+    def _advance(self, s: _Running, rows, draft: tuple[int, ...], events: list[Event]) -> None:
+        """Take one sequence's logits rows from a pass (over its last token and the proposals `draft`,
+        if any): sample its next tokens, or just note a chunk."""
         if rows is None:  # a prompt chunk that does not end the prompt
             return
-        if s.draft:
-            self._accept(s, rows, events)
+        if draft:
+            self._accept(s, rows, draft, events)
             return
         done = not s.state.ids and s.fed == len(s.state.prompt_ids)  # the pass that ended the prompt
         r = s.handle.request
@@ -379,7 +365,7 @@ class Engine:
                 return
         tok, row = s.state.choose(rows[-1])
         if s.t_first is None:
-            s.t_first = time.perf_counter()
+            s.t_first, s.c_first = time.perf_counter(), compile_seconds()
         if done:
             self.prefix.store(self.cache, s.slot, s.state.prompt_ids, len(s.state.prompt_ids),
                               None if s.scores is None else [None] + s.scores)
@@ -402,11 +388,10 @@ class Engine:
             self._emit(s.handle, events, ev)
         return False
 
-    def _accept(self, s: _Running, rows, events: list[Event]) -> None:
+    def _accept(self, s: _Running, rows, draft: tuple[int, ...], events: list[Event]) -> None:
         """A pass over the last token and the proposals: at each row the sequence's own token, taken
         while it equals the proposal there, then the one that differs; the cache keeps the positions
         of the tokens taken before the last (the last goes in with the next pass, as in plain decoding)."""
-        draft, s.draft = s.draft, []
         start = int(self.cache.lengths[s.slot]) - len(draft) - 1  # the last token's position
         toks, chosen_from = [], []
         for i, row in enumerate(rows):

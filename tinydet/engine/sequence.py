@@ -61,9 +61,10 @@ class Generation:
     finish_reason: str  # "stop" (EOS or a stop string), "length", or "cancelled"
     output_hash: str  # SHA-256 of token_ids as int32 LE
     logits_hash: str  # SHA-256 of the float32 logits rows that chose token_ids
-    prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0
+    prefill_seconds: float = 0.0  # from admission to the first token, less compile_seconds' part there
+    decode_seconds: float = 0.0  # from the first token to the last, less compile_seconds' part there
     queue_seconds: float = 0.0
+    compile_seconds: float = 0.0  # numba compiling or loading kernels meanwhile (a first call: `backends.compiletime`)
     settings: dict = field(default_factory=dict)
     cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
     draft_tokens: int = 0  # tokens a speculative drafter proposed (`speculate.py`)
@@ -205,10 +206,11 @@ class SequenceState:
         self.text += self.decoder.flush()
         return self._end(self.text[self.emitted:], "cancelled")[0]
 
-    def result(self, prefill_seconds: float = 0.0, decode_seconds: float = 0.0, queue_seconds: float = 0.0
-               ) -> Generation:
+    def result(self, prefill_seconds: float = 0.0, decode_seconds: float = 0.0, queue_seconds: float = 0.0,
+               compile_seconds: float = 0.0) -> Generation:
         return Generation(
             text=self.text, token_ids=list(self.ids), prompt_token_ids=list(self.prompt_ids),
             finish_reason=self.finish_reason or "length", output_hash=hash_ids(self.ids),
             logits_hash=self._rows.hexdigest(), prefill_seconds=prefill_seconds, decode_seconds=decode_seconds,
-            queue_seconds=queue_seconds, draft_tokens=self.drafted, draft_accepted=self.accepted)
+            queue_seconds=queue_seconds, compile_seconds=compile_seconds, draft_tokens=self.drafted,
+            draft_accepted=self.accepted)

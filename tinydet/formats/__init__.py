@@ -1,4 +1,4 @@
-"""Model files in, one `Checkpoint` out: `open_checkpoint(path or name)` is the one dispatch.
+"""Model files in, one `Checkpoint` out: `open_checkpoint(path)` is the one dispatch.
 
 A checkpoint is the config (dims and flags, `config.ModelConfig`), the tensors under canonical names
 (`arch/`), the tokenizer and the file's metadata. Tensors are read lazily: a `Tensor` is a view of the
@@ -14,21 +14,23 @@ directories (`safetensors.py`, `hf_dir.py`), each giving a `checkpoint.py` `Chec
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Callable
 
+from ..errors import ModelFormatError
 from .checkpoint import Checkpoint, Tensor
 
 __all__ = ["Checkpoint", "Tensor", "open_checkpoint"]
 
 
-def open_checkpoint(model: str | os.PathLike, progress: Callable[[int, int, str], None] | None = None,
-                    verify: bool = False) -> Checkpoint:
-    """A GGUF file, a Hugging Face directory (config.json + safetensors) or a known model's name
-    (pulled into the cache on first use; `verify` re-hashes its file) -> its Checkpoint.
-    `progress(done, total, name)` is called as each tensor is found and checked, and once at the end."""
-    from ..registry import resolve_model
-
-    path = resolve_model(model, verify=verify)
+def open_checkpoint(path: str | os.PathLike, progress: Callable[[int, int, str], None] | None = None) -> Checkpoint:
+    """A GGUF file or a Hugging Face directory (config.json + safetensors) -> its Checkpoint. A known
+    model's name is the registry's to turn into a file first (`registry.resolve_model`, as `api.load`
+    does). `progress(done, total, name)` is called as each tensor is found and checked, and once at the
+    end."""
+    path = Path(path)
+    if not path.exists():
+        raise ModelFormatError(path, "path", "no such file or directory")
     if path.is_file():
         from .pickles import refuse_pickle
 

@@ -12,6 +12,7 @@ from typing import Callable
 import numpy as np
 
 from .. import arch as archs
+from ..arch import short
 from ..config import ModelConfig, RoPE, rope_refusal
 from ..errors import ModelFormatError
 from .checkpoint import Checkpoint, Tensor
@@ -60,7 +61,7 @@ class _Keys:
         if v is None and default is None:
             return None
         if isinstance(v, bool) or not isinstance(v, int):
-            self.bad(name, f"expected an integer, found {_short(v)}")
+            self.bad(name, f"expected an integer, found {short(v)}")
         return v
 
     def float(self, name: str, default=_REQUIRED) -> float | None:
@@ -68,7 +69,7 @@ class _Keys:
         if v is None and default is None:
             return None
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            self.bad(name, f"expected a number, found {_short(v)}")
+            self.bad(name, f"expected a number, found {short(v)}")
         return float(v)
 
     def str(self, name: str, default=_REQUIRED) -> str | None:
@@ -76,16 +77,8 @@ class _Keys:
         if v is None and default is None:
             return None
         if not isinstance(v, str):
-            self.bad(name, f"expected a string, found {_short(v)}")
+            self.bad(name, f"expected a string, found {short(v)}")
         return v
-
-
-def _short(v) -> str:
-    """A metadata value for a one-line message: arrays can hold millions of elements."""
-    if isinstance(v, (list, np.ndarray)):
-        return f"an array of {len(v)} elements"
-    r = repr(v)
-    return r if len(r) <= 80 else r[:77] + "..."
 
 
 ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-frequency RoPE divisors (Llama 3.1's scaling)
@@ -117,7 +110,7 @@ def gguf_config(g: GGUFFile) -> tuple[archs.ArchSpec, ModelConfig]:
     path: Path = g.path
     name = g.require("general.architecture")
     if not isinstance(name, str):
-        raise ModelFormatError(path, "general.architecture", f"expected a string, found {_short(name)}")
+        raise ModelFormatError(path, "general.architecture", f"expected a string, found {short(name)}")
     spec = archs.by_gguf(name)
     if spec is None:
         supported = ", ".join(archs.gguf_archs())

@@ -24,13 +24,14 @@ from pathlib import Path
 from typing import Callable
 
 from .. import arch as archs
-from ..config import ModelConfig, RoPE, rope_refusal
+from ..arch.rope_params import LAYER_TYPES, per_layer_type, rope_object
+from ..config import ModelConfig, RoPE
 from ..errors import ModelFormatError
+from ..jsonfile import is_int as _is_int
+from ..jsonfile import read_json as _read_json
 from ..tokenizer.hf import CONFIG_FILE, TOKENIZER_FILE, read_hf_tokenizer
 from .checkpoint import Checkpoint, Tensor
 from .hf_mxfp4 import is_mxfp4, mxfp4_stack
-from .jsonfile import is_int as _is_int
-from .jsonfile import read_json as _read_json
 from .pickles import PICKLE_SUFFIXES, refuse_pickle
 from .safetensors import SafetensorsFile
 
@@ -57,6 +58,10 @@ class _Fields:
 
     def bad(self, key: str, msg: str):
         raise ModelFormatError(self.path, self.prefix + key, msg)
+
+    def nested(self, key: str, obj: dict) -> _Fields:
+        """A reader of the object at `key` (its errors name "key.field")."""
+        return _Fields(obj, self.path, f"{self.prefix}{key}.")
 
     def get(self, key: str, default=None):
         v = self.c.get(key)
@@ -98,73 +103,10 @@ class _Fields:
         return types
 
 
-# RoPE parameters each scaling type reads from rope_scaling / rope_parameters.
-_ROPE_KEYS = {"default": (), "linear": ("factor",),
-              "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
-              "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "truncate",
-                       "attention_factor")}
-_ROPE_NAMES = {"default": "none", "linear": "linear", "llama3": "llama3", "yarn": "yarn"}
-# transformers 5 keys rope_parameters by layer type for models whose layers differ (Gemma 3).
-LAYER_TYPES = ("full_attention", "sliding_attention")
-
-
-def per_layer_type(rp) -> bool:
-    """Whether a rope_parameters value is keyed by layer type ({"full_attention": {...}, ...})."""
-    return isinstance(rp, dict) and bool(rp) and set(rp) <= set(LAYER_TYPES) and all(
-        v is None or isinstance(v, dict) for v in rp.values())
-
-
-def rope_object(f: _Fields, key: str, rp, spec: archs.ArchSpec, theta: float | None) -> tuple[RoPE, float | None]:
-    """One RoPE parameter object (config.json's `key`: rope_scaling, rope_parameters or one of its
-    per-layer-type entries) -> (its RoPE, with base 10000 for now; the base: its rope_theta, else
-    `theta`). A rope_theta that disagrees with `theta` is refused."""
-    if not isinstance(rp, dict):
-        f.bad(key, f"expected an object or null, found {rp!r}")
-    kind = rp.get("rope_type", rp.get("type", "default"))
-    if not isinstance(kind, str):  # a list or an object would be unhashable in the lookup below
-        f.bad(f"{key}.{'rope_type' if 'rope_type' in rp else 'type'}", f"expected a string, found {kind!r}")
-    if _ROPE_NAMES.get(kind) not in spec.rope_scalings:
-        supported = ", ".join(repr(k) for k, v in _ROPE_NAMES.items() if v in spec.rope_scalings)
-        f.bad(key, f"RoPE scaling {kind!r} is not supported (supported: {supported}){rope_refusal(kind)}")
-    # transformers 5 writes partial_rotary_factor into rope_parameters (Phi-3's 1.0, Phi-4-mini's 0.75)
-    prf = rp.get("partial_rotary_factor", 1.0)
-    if isinstance(prf, bool) or prf not in (1, 1.0, None):
-        f.bad(f"{key}.partial_rotary_factor", f"partial RoPE is not supported, found {prf!r}")
-    extra = set(rp) - {"rope_type", "type", "rope_theta", "partial_rotary_factor"} - set(_ROPE_KEYS[kind])
-    if extra:
-        f.bad(key, f"RoPE parameters {sorted(extra)} are not supported")
-    if rp.get("rope_theta") is not None:
-        t = rp["rope_theta"]
-        if isinstance(t, bool) or not isinstance(t, (int, float)):
-            f.bad(f"{key}.rope_theta", f"expected a number, found {t!r}")
-        if theta is not None and float(t) != theta:
-            f.bad(f"{key}.rope_theta", f"{t!r} disagrees with rope_theta {theta!r}")
-        theta = float(t)
-    sub = _Fields(rp, f.path, f"{key}.")
-    rope = RoPE()
-    if kind == "linear":
-        rope = RoPE(scaling="linear", factor=sub.float("factor"))
-    elif kind == "llama3":
-        rope = RoPE(scaling="llama3", factor=sub.float("factor"), low_freq_factor=sub.float("low_freq_factor"),
-                    high_freq_factor=sub.float("high_freq_factor"),
-                    original_context=sub.int("original_max_position_embeddings"))
-    elif kind == "yarn":  # transformers' _compute_yarn_parameters, its defaults where a key is absent
-        from ..rope import yarn_attention_factor
-
-        factor = sub.float("factor")
-        truncate = rp.get("truncate", True)
-        if not isinstance(truncate, bool):
-            sub.bad("truncate", f"expected true or false, found {truncate!r}")
-        rope = RoPE(scaling="yarn", factor=factor, original_context=sub.int("original_max_position_embeddings"),
-                    beta_fast=sub.float("beta_fast", 32.0), beta_slow=sub.float("beta_slow", 1.0), truncate=truncate,
-                    attention_factor=sub.float("attention_factor", yarn_attention_factor(factor)))
-    return rope, theta
-
-
 def _rope(f: _Fields, spec: archs.ArchSpec) -> RoPE:
     """RoPE from rope_theta (transformers 4.x, + rope_scaling) or rope_parameters (5.x). Where
     rope_parameters is keyed by layer type, this is its full_attention entry's: the other layer types'
-    are the spec's hook's to read (`rope_object`), and refused when it does not."""
+    are the spec's hook's to read (`arch.rope_params.rope_object`), and refused when it does not."""
     theta = f.float("rope_theta", 10000.0) if f.c.get("rope_theta") is not None else None
     rope = RoPE()
     for key in ("rope_scaling", "rope_parameters"):

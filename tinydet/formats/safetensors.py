@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ModelFormatError
+from ..jsonfile import is_int as _is_int
+from ..jsonfile import reject_duplicates as _reject_duplicates
 from .checkpoint import Tensor
 from .dequant import dequantize
 from .ggml import BF16, F16, F32
-from .jsonfile import is_int as _is_int
-from .jsonfile import reject_duplicates as _reject_duplicates
 from .pages import map_file, release_pages
 
 # Safetensors dtypes -> bits per element (the format's full list); tinydet loads the float ones below.

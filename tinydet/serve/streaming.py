@@ -232,5 +232,6 @@ class Runner:
              "seed": j.request.params.seed, "queue_ms": round(1e3 * j.result.queue_seconds, 3),
              "prefill_ms": round(1e3 * j.result.prefill_seconds, 3),
              "decode_ms": round(1e3 * j.result.decode_seconds, 3),
+             "compile_ms": round(1e3 * j.result.compile_seconds, 3),
              **({"draft_tokens": j.result.draft_tokens, "draft_accepted": j.result.draft_accepted,
                  "decode_passes": j.result.decode_passes} if j.result.draft_tokens else {})} for j in jobs]

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelFormatError
-from ..formats.jsonfile import is_int as _is_int
-from ..formats.jsonfile import one_line as _one_line
-from ..formats.jsonfile import read_json as _read_json
+from ..jsonfile import is_int as _is_int
+from ..jsonfile import one_line as _one_line
+from ..jsonfile import read_json as _read_json
 from .core import Tokenizer
 
 CONFIG_FILE = "config.json"

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from ..errors import TinydetError
-from ..formats.jsonfile import write_json
+from ..jsonfile import write_json
 
 SETTINGS = ("prompt", "dtype", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "json_schema", "regex",
             "grammar", "messages", "tools", "tool_choice", "chat_template")

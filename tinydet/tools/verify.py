@@ -157,7 +157,7 @@ def npy_dispatch_to_disable() -> str:
 def _subprocess_cell(model_name, dtype, prompt_ids, n_new, env_extra: dict) -> tuple[str | None, str]:
     env = dict(os.environ, **env_extra)
     cmd = [sys.executable, "-m", "tinydet", "verify", "--model", str(model_name), "--dtype", dtype,
-           "--new-tokens", str(n_new), "--worker", json.dumps(list(prompt_ids))]
+           "--max-tokens", str(n_new), "--worker", json.dumps(list(prompt_ids))]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     if r.returncode != 0:
         return None, (r.stderr.strip().splitlines() or ["failed"])[-1]

@@ -1,14 +1,12 @@
 """The CPU backend: numba kernels that keep the determinism contract (docs/determinism.md).
 
-  simd.py     the one vector layer (64- and 32-lane float32 vectors, fp16 widening, the Kahan step)
-  mathfn.py   tinydet's own exp, log, sin, cos, tanh from + - * /; vmath.py the same lane by lane
   layout.py   float panels and quantized panels
   qblocks.py  GGUF's quantized blocks read as float32 vectors
-  loaders.py  how the matrix product reads each storage type
+  loaders.py  how the matrix product reads each storage type: one dispatch by the storage's kind
+  storage/    the kinds (float panels, native blocks, mixed, int8, int8-mixed), a module each, one table
   actq.py     activations to 8-bit blocks, for the integer mode (dtype "int8")
   intdot.py   the integer mode's block dot products (VNNI, AVX2, generic lowerings of one rule)
   intpanels.py the integer mode's weight layout (the native panels; Q8_0's quants regrouped)
-  intmixed.py the integer mode's kinds of mixed types (each segment in its own type's integer kernels)
   tiles.py    rows times a panel's outputs, shared by every storage type; tile shapes per vector unit
   matmul.py   the one matrix product
   ops.py      RMSNorm, RoPE, attention, activations
@@ -18,17 +16,14 @@
   repack.py   the packers' kernels (GGUF blocks and F16 rows moved into panels, in parallel)
   panelcache.py  packed panels kept on disk, checked, and mapped on later loads
 
-numba's on-disk cache does not notice edits to jitted helpers in other modules, so the cache lives in
-a directory keyed by a hash of every source file here and the numba version: any edit gets a fresh
-cache instead of stale machine code.
+The kernels build on `numerics/` (the vector layer, tinydet's own exp, log, sin, cos, tanh), imported
+first: it points numba's cache at a directory keyed by these sources and its own.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
-import os
 import threading
 from pathlib import Path
 from typing import Sequence
@@ -36,63 +31,16 @@ from typing import Sequence
 import numba
 import numpy as np
 
-from ...paths import cache_base, file_lock
-
-_HERE = Path(__file__).resolve().parent
-
-
-def _cache_key() -> str:
-    h = hashlib.sha256(numba.__version__.encode())
-    for src in sorted(_HERE.rglob("*.py")):  # storage/ too: its kinds are inlined into cached kernels
-        h.update(str(src.relative_to(_HERE)).encode())
-        h.update(src.read_bytes())
-    return h.hexdigest()[:16]
-
-
-def _lock_cache_saves() -> None:
-    """Make numba's cache safe for processes that compile at once (servers or replicas started
-    together on a fresh cache, parallel test workers). numba's save reads a function's index, takes the
-    first data file name the index does not use, then rewrites the index: two processes saving
-    different signatures of one function at once both take `f.1.nbc`, and the index left behind can
-    point one signature at the other's machine code. Here a save holds an exclusive lock on the index
-    from reading it to rewriting it, and writes the data file before the index names it."""
-    try:
-        from numba.core.caching import IndexDataCacheFile
-    except ImportError:  # a numba that moved its cache: numba's own save
-        return
-    if getattr(IndexDataCacheFile, "_tinydet_locked", False):
-        return
-
-    def save(self, key, data):
-        os.makedirs(self._cache_path, exist_ok=True)
-        with file_lock(self._index_path + ".lock"):
-            overloads = self._load_index()
-            name = overloads.get(key)
-            if name is None:
-                used = set(overloads.values())
-                name = next(n for n in map(self._data_name, itertools.count(1)) if n not in used)
-            self._save_data(name, data)
-            if overloads.get(key) != name:
-                overloads[key] = name
-                self._save_index(overloads)
-
-    IndexDataCacheFile.save = save
-    IndexDataCacheFile._tinydet_locked = True
-
-
-if not os.environ.get("NUMBA_CACHE_DIR"):
-    numba.config.CACHE_DIR = str(cache_base() / "numba" / _cache_key())
-_lock_cache_saves()
-
-from ...config import MOE_GATINGS, ModelConfig  # noqa: E402
-from ...errors import TinydetError  # noqa: E402
-from ..base import Backend, Hook, KVCache, plan_batch, split_logits  # noqa: E402
-from . import forward as _fw  # noqa: E402
-from . import panelcache  # noqa: E402
-from .layout import as_storage  # noqa: E402
-from .ops import ACTIVATIONS, ATILE, rope_tables  # noqa: E402
-from ...rope import inv_freq  # noqa: E402
-from .weights import DTYPES, CPUWeights  # noqa: E402
+from ... import numerics  # noqa: F401  (first: numba's cache directory, before any kernel here is compiled)
+from ...config import MOE_GATINGS, ModelConfig
+from ...errors import TinydetError
+from ..base import Backend, Hook, KVCache, plan_batch, split_logits
+from . import forward as _fw
+from . import panelcache
+from .layout import as_storage
+from .ops import ACTIVATIONS, ATILE, rope_tables
+from ...rope import inv_freq
+from .weights import DTYPES, CPUWeights
 
 
 def on_first_compile(callback) -> None:

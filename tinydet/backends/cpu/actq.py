@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .simd import _f32_as_u32, _u32_as_f32
+from ...numerics.simd import _f32_as_u32, _u32_as_f32
 
 f32 = np.float32
 TINY = np.float32(2.0 ** -64)  # blocks with a smaller amax are quantized as zeros

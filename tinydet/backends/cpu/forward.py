@@ -27,7 +27,7 @@ from .loaders import embed_rows, layer
 from .matmul import MM_GLU, MM_PLAIN, MM_RESIDUAL, mm, scratch
 from .moe import moe_ffn
 from .ops import add_bias, add_rows, attention, glu_rows, rmsnorm, rope_store, scale_rows, softcap, widen_rows
-from .simd import LANES
+from ...numerics.simd import LANES
 
 (EMBEDDING, ATTN_NORM, Q, K, V, ROPE_Q, ROPE_K, ATTENTION, ATTN_OUTPUT, POST_ATTN_NORM, ATTN_RESIDUAL, FFN_NORM, GATE,
  UP, ACTIVATION, DOWN, POST_FFN_NORM, FFN_RESIDUAL, FINAL_NORM, LOGITS, ROUTER) = range(len(OPS))

@@ -18,10 +18,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .simd import LANES, f32, kahan, kahan1, v32_load, v32_splat, v32_zero, v_div, v_get, v_load, v_max_range, v_mul
-from .simd import prefetch, prefetch_row, v_splat, v_store, v_zero
-from .mathfn import exp32
-from .vmath import v_exp32_sub, v_tanh32
+from ...numerics.simd import (LANES, f32, kahan, kahan1, v32_load, v32_splat, v32_zero, v_div, v_get, v_load,
+                              v_max_range, v_mul, prefetch, prefetch_row, v_splat, v_store, v_zero)
+from ...numerics.mathfn import exp32
+from ...numerics.vmath import v_exp32_sub, v_tanh32
 
 ATILE = 64  # cache positions per tile of the transposed key cache
 PV_LANES = 32  # dims per pass of the grouped weighted sum of V

@@ -56,8 +56,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
 from .qblocks import KVALUES_MXFP4, v_e8m0
-from .simd import HALF, _F32V32, _c_array, _ptr, _splat, broadcast, kahan, target_has, target_isa, v32_load, v32_splat
-from .simd import v32_zero, v_add, v_mul, v_sub, widen
+from ...numerics.simd import (HALF, _F32V32, _c_array, _ptr, _splat, broadcast, kahan, target_has, target_isa, v32_load,
+                              v32_splat, v32_zero, v_add, v_mul, v_sub, widen)
 from .tiles import put
 
 _I8 = ir.IntType(8)

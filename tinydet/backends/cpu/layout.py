@@ -60,9 +60,9 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from ...formats.ggml import GGML_TYPE_IDS, GGML_TYPES, MXFP4, Q4_0, Q4_1, Q8_0
-from .simd import HALF as QPANEL  # rows per quantized panel: the kernels' 32-lane vectors
+from ...numerics.simd import HALF as QPANEL  # rows per quantized panel: the kernels' 32-lane vectors
 from . import repack
-from .simd import LANES, from_f16_bits
+from ...numerics.simd import LANES, from_f16_bits
 from .storage.kinds import tag
 
 QBLOCK = 32  # elements per Q8_0 / Q4_0 / Q4_1 / Q5_0 block, and per K-quant sub-block

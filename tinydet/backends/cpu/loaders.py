@@ -32,7 +32,7 @@ from numba import njit
 from numba.extending import overload
 
 from .layout import QPanels, as_storage
-from .simd import LANES
+from ...numerics.simd import LANES
 from .storage.kinds import impl
 from .storage.table import TABLE  # noqa: F401 (fills the table `impl` reads)
 

@@ -30,7 +30,7 @@ from .layout import QPanels, as_storage
 from .intpanels import IntPanels
 from .loaders import act_alloc, act_rows, few_rows, quantizes, gemv_units, groups, prefill_group, tiling, units
 from .ops import glu_span
-from .simd import HALF, LANES
+from ...numerics.simd import HALF, LANES
 
 MM_PLAIN, MM_RESIDUAL, MM_GLU = 0, 1, 2
 

@@ -40,10 +40,10 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from .loaders import act_alloc, few_rows, layer, quantizes, units
-from .mathfn import exp32
+from ...numerics.mathfn import exp32
 from .matmul import MM_GLU, MM_PLAIN, _quantize_rows, mm, units_span
 from .ops import add_bias, glu_rows, glu_span
-from .simd import LANES, f32
+from ...numerics.simd import LANES, f32
 
 SOFTMAX, SOFTMAX_TOPK = 0, 1  # ModelConfig.moe_gating "softmax", "softmax_topk"
 

@@ -21,10 +21,11 @@ import numpy as np
 from numba import njit, prange
 
 from .gqa import ATILE, attend2, attend4, chunking, exp_from_max, scaled
-from .mathfn import exp32, sincos64, tanh32
-from .simd import (LANES, VECTORS, f32, kahan, kahan1, narrow, prefetch_row, target_isa, v_add, v_div, v_gather, v_get, v_load,
-                   v_max_range, v_mul, v_neg, v_splat, v_sqrt, v_store, v_zero, widen)
-from .vmath import v_exp32, v_tanh32
+from ...numerics.mathfn import exp32, sincos64, tanh32
+from ...numerics.simd import (LANES, VECTORS, f32, kahan, kahan1, narrow, prefetch_row, target_isa, v_add, v_div,
+                              v_gather, v_get, v_load, v_max_range, v_mul, v_neg, v_splat, v_sqrt, v_store, v_zero,
+                              widen)
+from ...numerics.vmath import v_exp32, v_tanh32
 
 SILU, GELU_TANH, SWIGLU_OAI = 0, 1, 2  # the gated activations (ModelConfig.activation)
 ACTIVATIONS = {"silu": SILU, "gelu_tanh": GELU_TANH, "swiglu_oai": SWIGLU_OAI}

@@ -48,8 +48,9 @@ from numba import njit, types
 from numba.extending import intrinsic, overload
 
 from .layout import QBLOCK
-from .simd import (HALF, KBLOCK, LANES, _F32V32, _c_array, _ptr, _splat, at, broadcast, kahan, rows_zero, target_has,
-                   target_isa, v32_load, v32_splat, v32_zero, v_add, v_mul, v_neg, v_rows_acc, v_store, widen)
+from ...numerics.simd import (HALF, KBLOCK, LANES, _F32V32, _c_array, _ptr, _splat, at, broadcast, kahan, rows_zero,
+                              target_has, target_isa, v32_load, v32_splat, v32_zero, v_add, v_mul, v_neg, v_rows_acc,
+                              v_store, widen)
 
 # ---------------------------------------------------------------------------------------------------
 # Quantized weights as 32-lane float vectors.

@@ -18,7 +18,7 @@ from functools import lru_cache
 
 from numba import njit
 
-from .simd import KBLOCK, LANES, VECTORS, at, kahan, target_isa, v_add, v_get, v_mul, v_store
+from ...numerics.simd import KBLOCK, LANES, VECTORS, at, kahan, target_isa, v_add, v_get, v_mul, v_store
 
 # Per vector unit, the tiles of each product: [(from T rows on, tiles)], the last entry whose T applies;
 # tiles are (rows per pass, lanes) largest first. "direct": float32 panels read from memory;

@@ -26,7 +26,7 @@ from .layout import (LANES, NATIVE_TYPES, MixedPanels, QPanels, aligned_empty, l
                      pack_parts, pack_stack)
 from . import repack
 from .intpanels import INT_TYPES, IntPanels, from_qpanels
-from .simd import to_f16_bits
+from ...numerics.simd import to_f16_bits
 
 DTYPES = ("fp32", "fp16", "native", "int8")
 MATRICES = (("wqkv", ("wq", "wk", "wv")), ("wo", ("wo",)), ("w13", ("w1", "w3")), ("w2", ("w2",)))

@@ -27,8 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from ...config import ModelConfig
-from ...errors import TinydetError
-from ...memory import MemoryLimitError
+from ...errors import MemoryLimitError, TinydetError
 from ...rope import inv_freq
 from ..base import OPS, Backend, Hook, KVCache, plan_batch, split_logits
 from ..cpu.ops import GELU_B, GELU_K, ACTIVATIONS, ATILE, rope_tables

@@ -73,7 +73,7 @@ DEV int dp4a(int a, int b, int c) {  // __dp4a(int, int, int): c + sum of a's an
 #define GY ((i64)blockIdx.y * blockDim.y + threadIdx.y)
 
 // ---------------------------------------------------------------------------------------------------
-// fp16 bits and the compensated-sum step (cpu/simd.py).
+// fp16 bits and the compensated-sum step (numerics/simd.py).
 
 // binary16 bits -> float32, exactly (no float32 subnormal is ever formed: a half subnormal is m * 2**-24).
 DEV float f16_to_f32(u32 h) {
@@ -108,7 +108,7 @@ DEV u16 f32_to_f16(float x) {
 #define KAHAN(part, s, c) do { float y_ = (part) - (c); float z_ = (s) + y_; (c) = (z_ - (s)) - y_; (s) = z_; } while (0)
 
 // ---------------------------------------------------------------------------------------------------
-// exp and tanh (cpu/vmath.py: mathfn's float64 operations, inputs clamped to [-708, 709]).
+// exp and tanh (numerics/vmath.py: mathfn's float64 operations, inputs clamped to [-708, 709]).
 
 #define LN2_HI 6.93147180369123816490e-01
 #define LN2_LO 1.90821492927058770002e-10

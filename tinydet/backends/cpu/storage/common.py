@@ -9,7 +9,7 @@ from __future__ import annotations
 from numba import types
 from numba.extending import overload
 
-from ..simd import prefetch
+from ....numerics.simd import prefetch
 
 
 def prefetch_panels(a, p0, p1):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from numba import njit, types
 from numba.extending import overload
 
-from ..simd import HALF, LANES, v_load, v_store, widen
+from ....numerics.simd import HALF, LANES, v_load, v_store, widen
 from ..tiles import dot, put, rows_for, tiles_for
 from .common import act_alloc, act_rows, prefetch_panels, quantizes  # noqa: F401 (x as it is)
 

@@ -13,7 +13,7 @@ from ..actq import quantize_rows
 from ..intdot import act_block, group_kernel, int_element, tile_rows, units_kernel
 from ..layout import QBLOCK
 from ..qblocks import q_element
-from ..simd import HALF
+from ....numerics.simd import HALF
 from .common import pick
 
 

@@ -25,7 +25,7 @@ from numba import njit
 
 from ..actq import quantize_rows
 from ..intdot import K_KINDS, tile_rows
-from ..simd import LANES
+from ....numerics.simd import LANES
 from ..tiles import tiles_for
 from .kinds import module
 from .mixed import groups, layer, part_slots, units  # noqa: F401 (as native's mixed kinds)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from numba.extending import overload
 
-from ..simd import LANES
+from ....numerics.simd import LANES
 from ..tiles import tiles_for
 from .common import act_alloc, act_rows, quantizes  # noqa: F401 (x as it is)
 from .kinds import module

@@ -16,7 +16,7 @@ from numba.extending import overload
 
 from ..layout import QBLOCK
 from ..qblocks import q_dequantize_pair, q_element, q_rows, q_unit, q_unit_pair
-from ..simd import HALF, LANES, target_isa, v_part
+from ....numerics.simd import HALF, LANES, target_isa, v_part
 from ..tiles import put, tiles_for
 from .common import act_alloc, act_rows, pick, prefetch_panels, quantizes  # noqa: F401 (x as it is)
 from .floats import buffered_tiling

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelFormatError
+from .errors import ModelFormatError
 
 
 def reject_duplicates(path: Path, field: str):

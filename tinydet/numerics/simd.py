@@ -1,5 +1,6 @@
-"""The one vector layer of the CPU kernels: float32 vectors of 64 lanes (a panel's width) and 32
-(half of one; a quantized panel), fp16 widening and narrowing, and the compensated-sum step.
+"""The one vector layer of tinydet's numba kernels (the CPU backend's, log-probabilities'): float32
+vectors of 64 lanes (a panel's width) and 32 (half of one; a quantized panel), fp16 widening and
+narrowing, and the compensated-sum step.
 
 Every vector operation is the scalar IEEE operation lane by lane, with no fast-math flags, so LLVM
 neither contracts nor reassociates: the vector width changes speed, never bits. An LLVM `<64 x float>`
