@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tinydet.backends.cpu import layout, loaders
+from tinydet.backends.cpu.storage import floats
 from tinydet.backends.cpu.matmul import MM_GLU, MM_PLAIN, chunk_range, matmul, mm, scratch, split_chunks
 from tinydet.backends.cpu.ops import GELU_TANH, glu_rows
 
@@ -36,7 +37,7 @@ def _few(w, T):
 
 
 def test_few_rows_is_the_fp16_decode_batch():
-    assert loaders.HALF_WIDEN == 16
+    assert floats.HALF_WIDEN == 16
     assert [t for t in range(1, 40) if _few(np.zeros((1, 64, 64), np.uint16), t)] == list(range(1, 16))
     assert not any(_few(np.zeros((1, 64, 64), np.float32), t) for t in range(1, 40))
 

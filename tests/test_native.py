@@ -22,10 +22,11 @@ from tinydet.backends.cpu import layout, loaders
 from tinydet.numerics import simd
 from tinydet.backends.cpu.matmul import MM_GLU, MM_PLAIN, matmul, mm, scratch
 from tinydet.backends.cpu.ops import SILU, glu_rows
+from tinydet.backends.cpu.storage.kinds import tag
 from tinydet.formats.dequant import dequantize
 
 OLD = ["Q8_0", "Q4_0", "Q4_1"]
-NEW = ["Q5_0", "Q4_K", "Q5_K", "Q6_K"]
+NEW = ["Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
 MX = ["MXFP4"]  # E8M0 exponent scales (uint8), E2M1 codes: no fp16 scale, never a NaN weight
 NATIVE = OLD + NEW + MX
 K_QUANTS = ["Q4_K", "Q5_K", "Q6_K"]
@@ -37,8 +38,9 @@ THREADS = [1, 2, 3]
 
 # Byte offsets of each type's fp16 scales (d, and m / dmin) in a block, of the bytes holding its quants
 # (high bits included) and of its sub-block scales (ggml-common.h).
-SCALE_OFFSETS = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
-QUANT_BYTES = {"Q5_0": (2, 22), "Q4_K": (16, 144), "Q5_K": (16, 176), "Q6_K": (0, 192)}
+SCALE_OFFSETS = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q4_K": [0, 2], "Q5_K": [0, 2],
+                 "Q6_K": [208]}
+QUANT_BYTES = {"Q5_0": (2, 22), "Q5_1": (4, 24), "Q4_K": (16, 144), "Q5_K": (16, 176), "Q6_K": (0, 192)}
 SUBSCALE_BYTES = {"Q4_K": (4, 16), "Q5_K": (4, 16), "Q6_K": (192, 208)}
 
 
@@ -158,8 +160,8 @@ def test_constants_match_the_float_kernel():
     # a quantized panel is one 32-lane vector, a pair of them one 64-lane float panel's width
     assert layout.QPANEL == simd.HALF and simd.LANES == 2 * simd.HALF == 64
     assert layout.QBLOCK == 32 and simd.KBLOCK % layout.QBLOCK == 0
-    assert set(layout.NATIVE_TYPES) == {layout.Q8_0, layout.Q4_0, layout.Q4_1, layout.Q5_0, layout.Q4_K, layout.Q5_K,
-                                        layout.Q6_K, layout.MXFP4} == {GGML_TYPE_IDS[n] for n in NATIVE}
+    assert set(layout.NATIVE_TYPES) == {layout.Q8_0, layout.Q4_0, layout.Q4_1, layout.Q5_0, layout.Q5_1, layout.Q4_K,
+                                        layout.Q5_K, layout.Q6_K, layout.MXFP4} == {GGML_TYPE_IDS[n] for n in NATIVE}
     assert layout.QK_K == 256 and {GGML_TYPE_IDS[n] for n in K_QUANTS} == set(layout.K_QUANTS)
 
 
@@ -356,7 +358,7 @@ def test_jitted_entry_points():
         layers = [layout.pack_quantized(random_blocks(name, n, k, seed=40 + i), tid, k) for i in range(2)]
         st = layout.stack(layers)
         w = layout.as_storage(st)
-        assert len(w) == (3 if name in OLD + MX else 5)
+        assert len(w) == 6 and w[0] is tag("native", name)
         for T in (1, 6):
             x = rng.standard_normal((T, k)).astype(np.float32)
             for li in range(2):
@@ -369,7 +371,8 @@ def test_bytes_per_weight():
     n, k = 640, 1024
     per_weight = {name: layout.pack_quantized(random_blocks(name, n, k, 0), GGML_TYPE_IDS[name], k).nbytes / (n * k)
                   for name in NATIVE}
-    assert per_weight == {"Q8_0": 34 / 32, "Q4_0": 18 / 32, "Q4_1": 20 / 32, "Q5_0": 22 / 32, "Q4_K": 144 / 256,
+    assert per_weight == {"Q8_0": 34 / 32, "Q4_0": 18 / 32, "Q4_1": 20 / 32, "Q5_0": 22 / 32, "Q5_1": 24 / 32,
+                          "Q4_K": 144 / 256,
                           "Q5_K": 176 / 256, "Q6_K": 210 / 256, "MXFP4": 17 / 32}  # GGUF's own sizes
 
 
@@ -377,7 +380,7 @@ def test_errors():
     raw = random_blocks("Q4_1", 64, 64, 0)
     qp = layout.pack_quantized(raw, layout.Q4_1, 64)
     with pytest.raises(ValueError, match="native storage handles"):
-        layout.pack_quantized(raw, GGML_TYPE_IDS["Q5_1"], 64)
+        layout.pack_quantized(raw, GGML_TYPE_IDS["BF16"], 64)
     with pytest.raises(ValueError, match="multiple of 256"):
         layout.pack_quantized(random_blocks("Q6_K", 4, 256, 0).reshape(-1)[:4 * 105], layout.Q6_K, 128)
     with pytest.raises(ValueError, match="permutation"):
@@ -581,7 +584,7 @@ def hand_blocks(name: str, n: int) -> np.ndarray:
     t = GGML_TYPES[tid]
     r = np.arange(n)[:, None]
     e = np.arange(t.block_size)[None, :]
-    bits_ = {"Q5_0": 5, "Q4_K": 4, "Q5_K": 5, "Q6_K": 6}[name]
+    bits_ = {"Q5_0": 5, "Q5_1": 5, "Q4_K": 4, "Q5_K": 5, "Q6_K": 6}[name]
     q = ((7 * r + e) % (1 << bits_)).astype(np.uint8)  # (n, elements): the quant of each element
     b = np.zeros((n, t.type_size), np.uint8)
 
@@ -593,6 +596,10 @@ def hand_blocks(name: str, n: int) -> np.ndarray:
         b[:, 0:2] = h(0xB1A3)  # d < 0
         b[:, 2:6] = np.packbits(hi, axis=1, bitorder="little")
         b[:, 6:22] = lo[:, :16] | (lo[:, 16:] << 4)
+    elif name == "Q5_1":
+        b[:, 0:2], b[:, 2:4] = h(0xB1A3), h(0x3555)  # d < 0, m > 0
+        b[:, 4:8] = np.packbits(hi, axis=1, bitorder="little")
+        b[:, 8:24] = lo[:, :16] | (lo[:, 16:] << 4)
     elif name in ("Q4_K", "Q5_K"):
         b[:, 0:2], b[:, 2:4] = h(0xB1A3), h(0x3555)
         b[:, 4:16] = (r * 13 + np.arange(12)[None, :] * 37) % 256  # every 6-bit scale and min over the rows
@@ -635,6 +642,23 @@ def test_new_types_every_quant_value_is_exact(name):
     rows = np.empty((n, k), np.float32)
     loaders.embed(qp, np.arange(n), rows)
     assert_same_bits(rows, w, name)
+
+
+def test_q5_1_weights_are_gguf_dequantization():
+    """Q5_1 (native's newest type, its own row of `qblocks.READERS`): the native kernels' weights (the
+    embedding rows) are the gguf package's dequantization bit for bit, and its product fp32's."""
+    gguf = pytest.importorskip("gguf", reason="the gguf package (test extra) is the reference")
+    n, k = 70, 256
+    raw = random_blocks("Q5_1", n, k, seed=12)
+    want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q5_1).astype(np.float32).reshape(n, k)
+    qp = layout.pack_quantized(raw, layout.Q5_1, k)
+    assert layout.as_storage(qp)[0] is tag("native", "Q5_1")
+    rows = np.empty((n, k), np.float32)
+    loaders.embed(qp, np.arange(n), rows)
+    assert_same_bits(rows, want, "Q5_1 rows")
+    x = np.random.default_rng(2).standard_normal((5, k)).astype(np.float32)
+    for T in (1, 5):
+        assert_same_bits(native_product(x[:T], qp), fp32_product(x[:T], want), f"Q5_1 T={T}")
 
 
 def test_k_quant_fused_multiply_add_is_exact():

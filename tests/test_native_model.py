@@ -81,8 +81,9 @@ PLANS = {
     "mixed runs in qkv": lambda t: ("Q8_0" if "attn_q" in t else "Q4_0") if layer_of(t) is not None else None,
     # runs that do not start at a multiple of 64 rows (wk: rows 64..95) are dequantized for that kind
     "mixed within qkv": lambda t: "Q8_0" if "attn_k" in t else ("Q4_1" if layer_of(t) is not None else None),
-    # a type without a native kernel (K-quants need 256-long rows, so Q5_1 stands in)
     "Q5_1": lambda t: "Q5_1",
+    # a type without a native kernel: dequantized to float32
+    "BF16": lambda t: "BF16",
 }
 
 
@@ -94,7 +95,7 @@ def test_native_equals_fp32_on_requantized_stories(tmp_path, stories_path, plan)
     ids = native.tokenize(PROMPT)
     assert_same_logits(native, fp32, ids, chunk=5)
     stored = native.backend.storage()
-    if plan in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "MXFP4"):
+    if plan in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4"):
         assert stored["wqkv"] == stored["wo"] == stored["w13"] == stored["output"] == plan
         assert stored["w2"] == "f32"  # 172-long rows stay F32 in the file
     if plan == "F16":
@@ -107,7 +108,7 @@ def test_native_equals_fp32_on_requantized_stories(tmp_path, stories_path, plan)
         assert (stored["wqkv"], stored["wo"]) == ("Q8_0+Q4_0", "Q4_0")
     if plan == "mixed within qkv":
         assert (stored["wqkv"], stored["wo"]) == ("f32", "Q4_1")
-    if plan == "Q5_1":
+    if plan == "BF16":
         assert set(stored.values()) == {"f32"}
     for threads in (1, 3):
         native.threads = threads

@@ -2,11 +2,11 @@
 
   layout.py   float panels and quantized panels
   qblocks.py  GGUF's quantized blocks read as float32 vectors
-  loaders.py  how the matrix product reads each storage type
+  loaders.py  how the matrix product reads each storage type: one dispatch by the storage's kind
+  storage/    the kinds (float panels, native blocks, mixed, int8, int8-mixed), a module each, one table
   actq.py     activations to 8-bit blocks, for the integer mode (dtype "int8")
   intdot.py   the integer mode's block dot products (VNNI, AVX2, generic lowerings of one rule)
   intpanels.py the integer mode's weight layout (the native panels; Q8_0's quants regrouped)
-  intmixed.py the integer mode's kinds of mixed types (each segment in its own type's integer kernels)
   tiles.py    rows times a panel's outputs, shared by every storage type; tile shapes per vector unit
   matmul.py   the one matrix product
   ops.py      RMSNorm, RoPE, attention, activations

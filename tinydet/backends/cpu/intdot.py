@@ -343,30 +343,13 @@ def iv_dot_signed(typingctx, acc, a, b):
 # Kernels: R rows of activations times one 32-row panel. Storage tuple w = (tag, qs, d, m, sc, qh)
 # (`intpanels.py`); activations xa = (xq, xd, xs) (`actq.py`).
 
-def int_kind(w) -> str | None:
-    """The ggml type name of an integer-mode storage tuple's numba type; None for any other storage."""
-    if not (isinstance(w, types.BaseTuple) and len(w) == 6 and isinstance(w[0], types.Array)
-            and w[0].dtype == types.boolean):
-        return None
-    if w[1].dtype == types.int8:
-        return "Q8_0"
-    if w[2].dtype == types.uint8:  # E8M0 exponents: no other type's scale
-        return "MXFP4"
-    if not isinstance(w[4], types.NoneType):
-        if w[4].dtype == types.int8:
-            return "Q6_K"
-        return "Q4_K" if isinstance(w[5], types.NoneType) else "Q5_K"
-    if not isinstance(w[5], types.NoneType):
-        return "Q5_0"
-    return "Q4_0" if isinstance(w[3], types.NoneType) else "Q4_1"
-
-
 K_KINDS = ("Q4_K", "Q5_K", "Q6_K")
 
 
-def act_block(w) -> int:
-    """Elements per activation block beside the storage w: 256 (Q8_K) for the K-quants, else 32."""
-    return 256 if int_kind(w) in K_KINDS else 32
+def act_block(qtype: str) -> int:
+    """Elements per activation block beside weights of ggml type `qtype`: 256 (Q8_K) for the
+    K-quants, else 32."""
+    return 256 if qtype in K_KINDS else 32
 
 
 _OFFSET = {"Q8_0": 0, "Q4_0": 8, "Q4_1": 0, "Q5_0": 16, "MXFP4": 12}

@@ -4,7 +4,7 @@ bytes and never rounds anything (fp16's one rounding is `simd.to_f16_bits`, at l
 Float panels: W[N, K] -> Wp[ceil(N/64), K, 64], rows past N zero: the inner loop of the matrix
 product runs over 64 independent outputs.
 
-Quantized panels, for GGUF's block-quantized matrices (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, MXFP4), read
+Quantized panels, for GGUF's block-quantized matrices (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, MXFP4), read
 by `loaders.py`: the fp32 path dequantizes W[N, K] and packs it as float panels; the native path keeps
 GGUF's blocks and rearranges them the same way, L = 32 rows (outputs, `QPANEL`) side by side, so that
 the kernel's inner loop runs over L contiguous lanes just as it does for floats. With P = ceil(N / 32)
@@ -14,6 +14,7 @@ panels, nb = K/32 blocks of 32 elements and ns = K/256 super-blocks (K-quants) p
       others  uint32 (P, nb, 4, 32)   qs[p, b, g, j] = the low 4 bits of elements 32b+8g .. 32b+8g+7
                                       of row 32p+j, element 32b+8g+i in bits 4i..4i+3       0.5 B/weight
   qh  Q5_0,   uint32 (P, nb, 32)      bit e: the 5th bit of element 32b+e of row 32p+j
+      Q5_1,
       Q5_K
       Q6_K    uint32 (P, nb, 2, 32)   qh[p, b, h, j] bits 2i, 2i+1: the high 2 bits of element 32b+16h+i
   sc  Q4_K,   uint8  (P, ns, 12, 32)  the 12 bytes of 6-bit sub-block scales and mins, as stored
@@ -22,11 +23,12 @@ panels, nb = K/32 blocks of 32 elements and ns = K/256 super-blocks (K-quants) p
   d   all     uint16 (P, nb, 32)      fp16 bits of the scale d of block b of row 32p+j (K-quants:
                                       (P, ns, 32), super-block s's d)
       MXFP4   uint8  (P, nb, 32)      the E8M0 exponent byte e of block b of row 32p+j, as stored
-  m   Q4_1    uint16 (P, nb, 32)      fp16 bits of its min m
+  m   Q4_1,   uint16 (P, nb, 32)      fp16 bits of its min m
+      Q5_1
       Q4_K,   uint16 (P, ns, 32)      fp16 bits of super-block s's dmin
       Q5_K
 
-i.e. exactly GGUF's bytes per weight (34/32, 18/32, 20/32, 22/32, 144/256, 176/256, 210/256, MXFP4's
+i.e. exactly GGUF's bytes per weight (34/32, 18/32, 20/32, 22/32, 24/32, 144/256, 176/256, 210/256, MXFP4's
 17/32; its nibbles are E2M1 codes, not integers, `qblocks.py`). The
 4-bit quants are regrouped from ggml's byte order (Q4_x/Q5_0/MXFP4 byte i: element i in the low nibble,
 element 16+i in the high one; Q4_K/Q5_K: sub-block 2c the low and 2c+1 the high nibbles of bytes
@@ -61,14 +63,15 @@ from ...formats.ggml import GGML_TYPE_IDS, GGML_TYPES, MXFP4, Q4_0, Q4_1, Q8_0
 from ...numerics.simd import HALF as QPANEL  # rows per quantized panel: the kernels' 32-lane vectors
 from . import repack
 from ...numerics.simd import LANES, from_f16_bits
+from .storage.kinds import tag
 
 QBLOCK = 32  # elements per Q8_0 / Q4_0 / Q4_1 / Q5_0 block, and per K-quant sub-block
 QK_K = 256  # elements per K-quant super-block
-Q5_0, Q4_K, Q5_K, Q6_K = (GGML_TYPE_IDS[t] for t in ("Q5_0", "Q4_K", "Q5_K", "Q6_K"))
+Q5_0, Q5_1, Q4_K, Q5_K, Q6_K = (GGML_TYPE_IDS[t] for t in ("Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"))
 K_QUANTS = (Q4_K, Q5_K, Q6_K)
 
 #: ggml type ids the native path handles -> type name.
-NATIVE_TYPES = {t: GGML_TYPES[t].name for t in (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, MXFP4)}
+NATIVE_TYPES = {t: GGML_TYPES[t].name for t in (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, MXFP4)}
 
 
 def aligned_empty(shape, dtype, align: int = 64) -> np.ndarray:
@@ -98,10 +101,11 @@ def _shapes(t: int, P: int, k: int) -> dict:
     scale = (None, (P, ns if t in K_QUANTS else nb, QPANEL))
     return {"qs": (np.int8, (P, k, QPANEL)) if t == Q8_0 else (np.uint32, (P, nb, 4, QPANEL)),
             "d": (np.uint8, (P, nb, QPANEL)) if t == MXFP4 else scale,
-            "m": scale if t in (Q4_1, Q4_K, Q5_K) else None,
+            "m": scale if t in (Q4_1, Q5_1, Q4_K, Q5_K) else None,
             "sc": {Q4_K: (np.uint8, (P, ns, 12, QPANEL)), Q5_K: (np.uint8, (P, ns, 12, QPANEL)),
                    Q6_K: (np.int8, (P, ns, 16, QPANEL))}.get(t),
-            "qh": {Q5_0: (np.uint32, (P, nb, QPANEL)), Q5_K: (np.uint32, (P, nb, QPANEL)),
+            "qh": {Q5_0: (np.uint32, (P, nb, QPANEL)), Q5_1: (np.uint32, (P, nb, QPANEL)),
+                   Q5_K: (np.uint32, (P, nb, QPANEL)),
                    Q6_K: (np.uint32, (P, nb, 2, QPANEL))}.get(t)}
 
 
@@ -129,6 +133,10 @@ class QPanels:
     def arrays(self) -> list[np.ndarray]:
         return [a for a in (self.qs, self.d, self.m, self.sc, self.qh) if a is not None]
 
+    def storage(self) -> tuple:
+        """The kernels' storage tuple (`as_storage`)."""
+        return (tag("native", self.type_name), self.qs, self.d, self.m, self.sc, self.qh)
+
     @property
     def nbytes(self) -> int:
         """Bytes a full pass over the matrix reads (padding included)."""
@@ -155,27 +163,10 @@ class QPanels:
 
 
 def as_storage(w):
-    """What the kernels take for a matrix: float panels as they are, `QPanels` as the tuple (qs, d, m)
-    (Q8_0, Q4_0, Q4_1) or (qs, d, m, sc, qh) (Q5_0 and the K-quants), `MixedPanels` as (its table,
-    then each part as five slots: (qs, d, m, sc, qh), or float panels and four Nones); the integer
-    mode's storages (`intpanels.IntPanels`, and a MixedPanels with such parts) as `intmixed.py` says."""
-    if hasattr(w, "int_storage"):  # intpanels.IntPanels
-        return w.int_storage()
-    if isinstance(w, MixedPanels):
-        # flat, as numba's parallel regions take no nested tuples: 5 slots per part
-        ints = [p.int_storage() for p in w.parts if hasattr(p, "int_storage")]
-        if ints:  # the integer mode's: (tag, table, 6 slots per part), `intmixed.py`
-            slots = [p.int_storage() if hasattr(p, "int_storage") else (p, None, None, None, None, None)
-                     for p in w.parts]
-            return (ints[0][0], w.table) + tuple(a for s in slots for a in s)
-        slots = [(p.qs, p.d, p.m, p.sc, p.qh) if isinstance(p, QPanels) else (p, None, None, None, None)
-                 for p in w.parts]
-        return (w.table,) + tuple(a for s in slots for a in s)
-    if not isinstance(w, QPanels):
-        return w
-    if w.sc is None and w.qh is None:
-        return (w.qs, w.d, w.m)
-    return (w.qs, w.d, w.m, w.sc, w.qh)
+    """What the kernels take for a matrix: float panels as they are, any other storage as its flat
+    tuple, whose first slot is the tag of its kind (`storage.kinds`): `QPanels` as (tag, qs, d, m, sc,
+    qh), `MixedPanels` as (tag, table, 6 slots per part), `intpanels.IntPanels` as QPanels."""
+    return w.storage() if hasattr(w, "storage") else w
 
 
 _CHUNK_ROWS = 4096  # rows packed between two release() calls
@@ -401,6 +392,15 @@ class MixedPanels:
 
     def arrays(self) -> list[np.ndarray]:
         return [a for p in self.parts for a in ([p] if isinstance(p, np.ndarray) else p.arrays())]
+
+    def storage(self) -> tuple:
+        """The kernels' storage tuple (`as_storage`): (tag, table, then 6 slots per part): a quantized
+        part's storage tuple, or float panels' tag, the panels and four Nones. A kind with parts of
+        the integer mode is of kind "int8-mixed" (`storage.intmixed`), else "mixed"."""
+        slots = [(tag(_kind_name(p)), p, None, None, None, None) if isinstance(p, np.ndarray) else p.storage()
+                 for p in self.parts]
+        kind = "int8-mixed" if any(s[0].kind == "int8" for s in slots) else "mixed"
+        return (tag(kind), self.table) + tuple(a for s in slots for a in s)
 
     @property
     def nbytes(self) -> int:

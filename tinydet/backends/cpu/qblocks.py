@@ -1,4 +1,4 @@
-"""GGUF's quantized blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, MXFP4) in quantized panels
+"""GGUF's quantized blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, MXFP4) in quantized panels
 (`layout.py`), read as float32.
 
 Every weight reaches the sum as exactly the float32 value `formats.dequant` gives it, by the same
@@ -10,6 +10,7 @@ as an integer, converted exactly):
   Q4_0  w = d * q                    (q = nibble - 8)
   Q4_1  w = (d * q) + m              (q = the nibble)
   Q5_0  w = d * q                    (q = (nibble | 5th bit << 4) - 16)
+  Q5_1  w = (d * q) + m              (q = nibble | 5th bit << 4)
   Q4_K  w = (dl * q) - ml            dl = d * sc, ml = dmin * mn (sc, mn: the sub-block's 6-bit scale
   Q5_K                               and min); q = the nibble (Q5_K: | 5th bit << 4)
   Q6_K  w = dl * q                   dl = d * sc (sc: the 16 elements' int8 scale);
@@ -18,8 +19,8 @@ as an integer, converted exactly):
                                      q = kvalues[nibble], the E2M1 code's value doubled (`v_mx`)
 dequant.py subtracts Q4_0's 8 (Q5_0's 16, Q6_K's 32) in float32 (`float(q) - 8.0`); that subtraction is
 exact for every quant, so doing it on the integer before the exact conversion gives the same float.
-The fused multiply-adds are Q4_1's (d * q) + m and Q4_K/Q5_K's (dl * q) + (-ml) where the target has
-FMA: d is an fp16 value (11 significant bits) and q a 4-bit integer, so d * q is exact in float32;
+The fused multiply-adds are Q4_1's and Q5_1's (d * q) + m and Q4_K/Q5_K's (dl * q) + (-ml) where the target has
+FMA: d is an fp16 value (11 significant bits) and q a 4- or 5-bit integer, so d * q is exact in float32;
 dl = d * sc has at most 11 + 6 significant bits and is exact, and dl * q (q < 32) has at most 22, so
 it is exact too: fusing skips a rounding that rounds nothing (`v_dq_add`).
 
@@ -320,28 +321,12 @@ v_k_min = _k_scale_min(True)
 # Per panel p and quant block b (32 elements; K-quant sub-block j = b % 8 of super-block s = b // 8) the
 # scales are at [(p * nb + b) * 32] (K-quants: [(p * ns + s) * 32]); Q8_0's quant k at [(p * K + k) * 32];
 # the nibble word g of block b at [((p * nb + b) * 4 + g) * 32], its nibble i (bits 4i..4i+3) being
-# element 8g + i of the block; Q5_0/Q5_K's high bits of block b at [(p * nb + b) * 32] (bit e: element
+# element 8g + i of the block; Q5_0/Q5_1/Q5_K's high bits of block b at [(p * nb + b) * 32] (bit e: element
 # e); Q6_K's at [((p * nb + b) * 2 + h) * 32] (bits 2i, 2i + 1: element 16h + i); K-quant scale byte t
 # of super-block s at [((p * ns + s) * T + t) * 32] (T = 12, Q6_K 16).
-
-def kind_of(w) -> str:
-    """The ggml type name of a quantized storage tuple's numba type (layout.as_storage): (qs, d, m) for
-    Q8_0/Q4_0/Q4_1/MXFP4 (MXFP4's d uint8), (qs, d, m, sc, qh) for Q5_0 and the K-quants (and for the first three, with sc and
-    qh None, as parts of a mixed storage); None for anything else."""
-    if not isinstance(w, types.BaseTuple) or len(w) not in (3, 5):
-        return None
-    if isinstance(w[1], types.Array) and w[1].dtype == types.uint8:  # E8M0 exponents: no other type's scale
-        return "MXFP4"
-    qs, m = w[0], w[2]
-    sc, qh = (w[3], w[4]) if len(w) == 5 else (types.none, types.none)
-    if isinstance(sc, types.NoneType) and isinstance(qh, types.NoneType):
-        return "Q8_0" if qs.dtype == types.int8 else ("Q4_0" if isinstance(m, types.NoneType) else "Q4_1")
-    if isinstance(sc, types.NoneType):
-        return "Q5_0"
-    if sc.dtype == types.int8:
-        return "Q6_K"
-    return "Q4_K" if isinstance(qh, types.NoneType) else "Q5_K"
-
+#
+# The functions below take a quantized storage tuple w = (tag, qs, d, m, sc, qh) (`storage.kinds`,
+# None where the type has no such array): the tag's numba type names the ggml type (w[0].qtype).
 
 def mins(m, idx):
     """Q4_1's 32 mins at m[idx:], or None for a type without mins."""
@@ -372,7 +357,7 @@ def _w_q4(qs, base, i, db, mb):
 def _k1_scales(w, p, b):
     """Q4_K/Q5_K block b of panel p: its 32 scales dl = d * sc and negated mins -(dmin * mn), the
     weights being (dl * q) + (-ml), which is (dl * q) - ml in IEEE arithmetic, zeros' signs included."""
-    d, dm, sc = w[1], w[2], w[3]
+    d, dm, sc = w[2], w[3], w[4]
     s = p * d.shape[1] + b // 8
     j = b % 8
     dl = v_mul(v32_load(d, s * HALF), v_k_scale(sc, s * 12 * HALF, j))  # d * sc
@@ -477,7 +462,8 @@ def _hi_written(qs, base, qh, hidx, hpre, hstep, hmask, sub, ds, mb, x, xi, a, w
 
 @njit(cache=True, inline="always")
 def q5_block(qs, qh, pb, kb, db, mb, sub, x, r0, a, wbuf, woff):
-    """`q_block` for a block of 5-bit quants (Q5_0: sub 16, mb None; Q5_K: sub 0), its words at
+    """`q_block` for a block of 5-bit quants (Q5_0: sub 16, mb None; Q5_1: sub 0, mb its mins; Q5_K:
+    sub 0), its words at
     qs[pb * 4 * 32:], the 5th bits (bit e: element e) at qh[pb * 32:]."""
     ds = nib_scales(db)
     for g in range(4):
@@ -530,9 +516,9 @@ def n_blocks(w):
 
 @overload(n_blocks, inline="always")
 def _n_blocks(w):
-    if kind_of(w) == "Q8_0":
-        return lambda w: w[0].shape[1] // QBLOCK
-    return lambda w: w[0].shape[1]
+    if w[0].qtype == "Q8_0":
+        return lambda w: w[1].shape[1] // QBLOCK
+    return lambda w: w[1].shape[1]
 
 
 def q_block(w, p, b, x, r0, a, wbuf, woff):
@@ -544,67 +530,7 @@ def q_block(w, p, b, x, r0, a, wbuf, woff):
 
 @overload(q_block, inline="always")
 def _q_block(w, p, b, x, r0, a, wbuf, woff):
-    kind = kind_of(w)
-    if kind == "Q8_0":
-        def q8(w, p, b, x, r0, a, wbuf, woff):
-            qs, d = w[0], w[1]
-            K, nb = qs.shape[1], d.shape[1]
-            db = v32_load(d, (p * nb + b) * HALF)
-            for k in range(b * QBLOCK, b * QBLOCK + QBLOCK):
-                a = acc(a, _w_q8_0(qs, p, K, k, db), x, r0 + k, wbuf, woff + k * LANES)
-            return a
-        return q8
-
-    if kind in ("Q4_0", "Q4_1"):
-        def q4(w, p, b, x, r0, a, wbuf, woff):
-            qs, d, m = w[0], w[1], w[2]
-            nb = d.shape[1]
-            db = v32_load(d, (p * nb + b) * HALF)
-            return nib_block(qs, p * nb + b, b * QBLOCK, db, mins(m, (p * nb + b) * HALF), x, r0, a, wbuf, woff)
-        return q4
-
-    if kind == "MXFP4":
-        def mxfp4(w, p, b, x, r0, a, wbuf, woff):
-            qs, d = w[0], w[1]
-            pb = p * d.shape[1] + b
-            return mx_block(qs, pb, b * QBLOCK, v_e8m0(d, pb * HALF), x, r0, a, wbuf, woff)
-        return mxfp4
-
-    if kind == "Q5_0":
-        def q5_0(w, p, b, x, r0, a, wbuf, woff):
-            qs, d, qh = w[0], w[1], w[4]
-            pb = p * d.shape[1] + b
-            return q5_block(qs, qh, pb, b * QBLOCK, v32_load(d, pb * HALF), None, 16, x, r0, a, wbuf, woff)  # d * q
-        return q5_0
-
-    if kind == "Q4_K":
-        def q4_k(w, p, b, x, r0, a, wbuf, woff):
-            dl, nml = _k1_scales(w, p, b)
-            return nib_block(w[0], p * w[0].shape[1] + b, b * QBLOCK, dl, nml, x, r0, a, wbuf, woff)
-        return q4_k
-
-    if kind == "Q5_K":
-        def q5_k(w, p, b, x, r0, a, wbuf, woff):
-            qs, qh = w[0], w[4]
-            dl, nml = _k1_scales(w, p, b)
-            return q5_block(qs, qh, p * qs.shape[1] + b, b * QBLOCK, dl, nml, 0, x, r0, a, wbuf, woff)  # (dl * q) - ml
-        return q5_k
-
-    if kind == "Q6_K":
-        def q6_k(w, p, b, x, r0, a, wbuf, woff):
-            qs, d, sc, qh = w[0], w[1], w[3], w[4]
-            pb = p * qs.shape[1] + b
-            s = p * d.shape[1] + b // 8
-            t = 2 * (b % 8)
-            db = v32_load(d, s * HALF)
-            for h in range(2):  # elements 16h..16h+15: d * sc, sc the int8 scale of the 16
-                ds = nib_scales(v_mul(db, v_q8(sc, (s * 16 + t + h) * HALF)))
-                for g in range(2 * h, 2 * h + 2):
-                    k = b * QBLOCK + 8 * g
-                    a = hi_group(qs, (pb * 4 + g) * HALF, qh, (pb * 2 + h) * HALF, 16 * (g % 2), 2, 3, 32, ds, None,
-                                 x, r0 + k, a, wbuf, woff + k * LANES)  # dl * q
-            return a
-        return q6_k
+    return READERS[w[0].qtype][0]
 
 
 @njit(cache=True, inline="always")
@@ -668,7 +594,7 @@ def q_unit_pair(x, w, p):
 @njit(cache=True, inline="always")
 def q_dequantize_pair(w, g, wbuf):
     """Panels 2g and 2g + 1 dequantized into wbuf[k * 64 + lane] (a missing second panel: wbuf's zeros)."""
-    P = w[0].shape[0]
+    P = w[1].shape[0]
     zero = v32_zero()
     for h in range(min(2, P - 2 * g)):
         for b in range(n_blocks(w)):
@@ -681,58 +607,147 @@ def q_element(w, p, b, e, j):
 
 
 @overload(q_element, inline="always")
-def _q_element_impl(w, p, b, e, j):
-    f32 = np.float32
-    u32 = np.uint32
-    kind = kind_of(w)
-    if kind == "Q8_0":
-        return lambda w, p, b, e, j: f32(w[0][p, b * QBLOCK + e, j]) * widen(w[1][p, b, j])  # q * d
-    if kind == "Q4_0":
-        def q40(w, p, b, e, j):
-            q = np.int32((w[0][p, b, e // 8, j] >> u32(4 * (e % 8))) & u32(15)) - np.int32(8)
-            return widen(w[1][p, b, j]) * f32(q)  # d * (q - 8)
-        return q40
-    if kind == "Q4_1":
-        def q41(w, p, b, e, j):
-            q = np.int32((w[0][p, b, e // 8, j] >> u32(4 * (e % 8))) & u32(15))
-            return (widen(w[1][p, b, j]) * f32(q)) + widen(w[2][p, b, j])  # (d * q) + m
-        return q41
-    if kind == "MXFP4":
-        kv = np.array(KVALUES_MXFP4, np.float32)
+def _q_element(w, p, b, e, j):
+    return READERS[w[0].qtype][1]
 
-        def mx(w, p, b, e, j):
-            code = (w[0][p, b, e // 8, j] >> u32(4 * (e % 8))) & u32(15)
-            return e8m0(w[1][p, b, j]) * kv[code]  # d * q
-        return mx
-    if kind == "Q5_0":
-        def q50(w, p, b, e, j):
-            lo = (w[0][p, b, e // 8, j] >> u32(4 * (e % 8))) & u32(15)
-            hi = (w[4][p, b, j] >> u32(e)) & u32(1)
-            q = np.int32(lo | (hi << u32(4))) - np.int32(16)
-            return widen(w[1][p, b, j]) * f32(q)  # d * q
-        return q50
-    if kind in ("Q4_K", "Q5_K"):
-        def k_type1(w, p, b, e, j):
-            qs, d, dm, sc, qh = w[0], w[1], w[2], w[3], w[4]
-            s, jj = b // 8, b % 8
-            if jj < 4:
-                scale = sc[p, s, jj, j] & np.uint8(63)
-                mn = sc[p, s, jj + 4, j] & np.uint8(63)
-            else:
-                scale = (sc[p, s, jj + 4, j] & np.uint8(15)) | ((sc[p, s, jj - 4, j] >> np.uint8(6)) << np.uint8(4))
-                mn = (sc[p, s, jj + 4, j] >> np.uint8(4)) | ((sc[p, s, jj, j] >> np.uint8(6)) << np.uint8(4))
-            q = k_quant1(qs, qh, p, b, e, j)
-            dl = widen(d[p, s, j]) * f32(scale)  # d * sc
-            ml = widen(dm[p, s, j]) * f32(mn)  # dmin * mn
-            return (dl * f32(np.int32(q))) - ml
-        return k_type1
-    if kind == "Q6_K":
-        def q6k(w, p, b, e, j):
-            qs, d, sc, qh = w[0], w[1], w[3], w[4]
-            s = b // 8
-            lo = (qs[p, b, e // 8, j] >> u32(4 * (e % 8))) & u32(15)
-            hi = (qh[p, b, e // 16, j] >> u32(2 * (e % 16))) & u32(3)
-            q = np.int32(lo | (hi << u32(4))) - np.int32(32)
-            dl = widen(d[p, s, j]) * f32(sc[p, s, 2 * (b % 8) + e // 16, j])  # d * sc
-            return dl * f32(q)
-        return q6k
+
+# ---------------------------------------------------------------------------------------------------
+# Each type's readers: (its `q_block`, its `q_element`), one row of READERS per type.
+
+_f32, _u32 = np.float32, np.uint32
+
+
+def _q8_0_block(w, p, b, x, r0, a, wbuf, woff):
+    qs, d = w[1], w[2]
+    K, nb = qs.shape[1], d.shape[1]
+    db = v32_load(d, (p * nb + b) * HALF)
+    for k in range(b * QBLOCK, b * QBLOCK + QBLOCK):
+        a = acc(a, _w_q8_0(qs, p, K, k, db), x, r0 + k, wbuf, woff + k * LANES)
+    return a
+
+
+def _q8_0_element(w, p, b, e, j):
+    return _f32(w[1][p, b * QBLOCK + e, j]) * widen(w[2][p, b, j])  # q * d
+
+
+def _q4_block(w, p, b, x, r0, a, wbuf, woff):  # Q4_0 and Q4_1 (mins m, or None)
+    qs, d, m = w[1], w[2], w[3]
+    nb = d.shape[1]
+    db = v32_load(d, (p * nb + b) * HALF)
+    return nib_block(qs, p * nb + b, b * QBLOCK, db, mins(m, (p * nb + b) * HALF), x, r0, a, wbuf, woff)
+
+
+def _q4_0_element(w, p, b, e, j):
+    q = np.int32((w[1][p, b, e // 8, j] >> _u32(4 * (e % 8))) & _u32(15)) - np.int32(8)
+    return widen(w[2][p, b, j]) * _f32(q)  # d * (q - 8)
+
+
+def _q4_1_element(w, p, b, e, j):
+    q = np.int32((w[1][p, b, e // 8, j] >> _u32(4 * (e % 8))) & _u32(15))
+    return (widen(w[2][p, b, j]) * _f32(q)) + widen(w[3][p, b, j])  # (d * q) + m
+
+
+def _mxfp4_block(w, p, b, x, r0, a, wbuf, woff):
+    qs, d = w[1], w[2]
+    pb = p * d.shape[1] + b
+    return mx_block(qs, pb, b * QBLOCK, v_e8m0(d, pb * HALF), x, r0, a, wbuf, woff)
+
+
+_KV_MXFP4 = np.array(KVALUES_MXFP4, np.float32)
+
+
+def _mxfp4_element(w, p, b, e, j):
+    code = (w[1][p, b, e // 8, j] >> _u32(4 * (e % 8))) & _u32(15)
+    return e8m0(w[2][p, b, j]) * _KV_MXFP4[code]  # d * q
+
+
+def _q5_0_block(w, p, b, x, r0, a, wbuf, woff):
+    qs, d, qh = w[1], w[2], w[5]
+    pb = p * d.shape[1] + b
+    return q5_block(qs, qh, pb, b * QBLOCK, v32_load(d, pb * HALF), None, 16, x, r0, a, wbuf, woff)  # d * q
+
+
+def _q5_0_element(w, p, b, e, j):
+    lo = (w[1][p, b, e // 8, j] >> _u32(4 * (e % 8))) & _u32(15)
+    hi = (w[5][p, b, j] >> _u32(e)) & _u32(1)
+    q = np.int32(lo | (hi << _u32(4))) - np.int32(16)
+    return widen(w[2][p, b, j]) * _f32(q)  # d * q
+
+
+def _q5_1_block(w, p, b, x, r0, a, wbuf, woff):
+    qs, d, m, qh = w[1], w[2], w[3], w[5]
+    pb = p * d.shape[1] + b
+    return q5_block(qs, qh, pb, b * QBLOCK, v32_load(d, pb * HALF), v32_load(m, pb * HALF), 0, x, r0, a, wbuf,
+                    woff)  # (d * q) + m
+
+
+def _q5_1_element(w, p, b, e, j):
+    lo = (w[1][p, b, e // 8, j] >> _u32(4 * (e % 8))) & _u32(15)
+    hi = (w[5][p, b, j] >> _u32(e)) & _u32(1)
+    q = np.int32(lo | (hi << _u32(4)))
+    return (widen(w[2][p, b, j]) * _f32(q)) + widen(w[3][p, b, j])  # (d * q) + m
+
+
+def _q4_k_block(w, p, b, x, r0, a, wbuf, woff):
+    dl, nml = _k1_scales(w, p, b)
+    return nib_block(w[1], p * w[1].shape[1] + b, b * QBLOCK, dl, nml, x, r0, a, wbuf, woff)
+
+
+def _q5_k_block(w, p, b, x, r0, a, wbuf, woff):
+    qs, qh = w[1], w[5]
+    dl, nml = _k1_scales(w, p, b)
+    return q5_block(qs, qh, p * qs.shape[1] + b, b * QBLOCK, dl, nml, 0, x, r0, a, wbuf, woff)  # (dl * q) - ml
+
+
+def _k_type1_element(w, p, b, e, j):  # Q4_K and Q5_K (qh None for Q4_K)
+    qs, d, dm, sc, qh = w[1], w[2], w[3], w[4], w[5]
+    s, jj = b // 8, b % 8
+    if jj < 4:
+        scale = sc[p, s, jj, j] & np.uint8(63)
+        mn = sc[p, s, jj + 4, j] & np.uint8(63)
+    else:
+        scale = (sc[p, s, jj + 4, j] & np.uint8(15)) | ((sc[p, s, jj - 4, j] >> np.uint8(6)) << np.uint8(4))
+        mn = (sc[p, s, jj + 4, j] >> np.uint8(4)) | ((sc[p, s, jj, j] >> np.uint8(6)) << np.uint8(4))
+    q = k_quant1(qs, qh, p, b, e, j)
+    dl = widen(d[p, s, j]) * _f32(scale)  # d * sc
+    ml = widen(dm[p, s, j]) * _f32(mn)  # dmin * mn
+    return (dl * _f32(np.int32(q))) - ml
+
+
+def _q6_k_block(w, p, b, x, r0, a, wbuf, woff):
+    qs, d, sc, qh = w[1], w[2], w[4], w[5]
+    pb = p * qs.shape[1] + b
+    s = p * d.shape[1] + b // 8
+    t = 2 * (b % 8)
+    db = v32_load(d, s * HALF)
+    for h in range(2):  # elements 16h..16h+15: d * sc, sc the int8 scale of the 16
+        ds = nib_scales(v_mul(db, v_q8(sc, (s * 16 + t + h) * HALF)))
+        for g in range(2 * h, 2 * h + 2):
+            k = b * QBLOCK + 8 * g
+            a = hi_group(qs, (pb * 4 + g) * HALF, qh, (pb * 2 + h) * HALF, 16 * (g % 2), 2, 3, 32, ds, None,
+                         x, r0 + k, a, wbuf, woff + k * LANES)  # dl * q
+    return a
+
+
+def _q6_k_element(w, p, b, e, j):
+    qs, d, sc, qh = w[1], w[2], w[4], w[5]
+    s = b // 8
+    lo = (qs[p, b, e // 8, j] >> _u32(4 * (e % 8))) & _u32(15)
+    hi = (qh[p, b, e // 16, j] >> _u32(2 * (e % 16))) & _u32(3)
+    q = np.int32(lo | (hi << _u32(4))) - np.int32(32)
+    dl = widen(d[p, s, j]) * _f32(sc[p, s, 2 * (b % 8) + e // 16, j])  # d * sc
+    return dl * _f32(q)
+
+
+#: ggml type name -> (its q_block, its q_element): the weights of a quantized storage of that type.
+READERS = {
+    "Q8_0": (_q8_0_block, _q8_0_element),
+    "Q4_0": (_q4_block, _q4_0_element),
+    "Q4_1": (_q4_block, _q4_1_element),
+    "Q5_0": (_q5_0_block, _q5_0_element),
+    "Q5_1": (_q5_1_block, _q5_1_element),
+    "Q4_K": (_q4_k_block, _k_type1_element),
+    "Q5_K": (_q5_k_block, _k_type1_element),
+    "Q6_K": (_q6_k_block, _q6_k_element),
+    "MXFP4": (_mxfp4_block, _mxfp4_element),
+}

@@ -23,8 +23,8 @@ from numba.extending import intrinsic
 from ...formats.ggml import GGML_TYPE_IDS
 from ...numerics.simd import HALF as QPANEL
 
-_Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q4_K, _Q5_K, _Q6_K, _MXFP4 = (
-    GGML_TYPE_IDS[t] for t in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4"))
+_Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q4_K, _Q5_K, _Q6_K, _MXFP4 = (
+    GGML_TYPE_IDS[t] for t in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "MXFP4"))
 
 
 @dataclass(frozen=True)
@@ -56,12 +56,14 @@ def plan(tid: int) -> Plan:
     if tid == _MXFP4:  # e at byte 0, then nibbles as Q4_0 (byte i: element i low, 16 + i high)
         return Plan(32, 17, False, _lo_words([(1 + 8 * (g % 2), 4 * (g // 2)) for g in range(4)]), none, 0, 0, -1,
                     0, 0, 1)
-    if tid in (_Q4_0, _Q4_1, _Q5_0):  # byte i: element i low, 16 + i high
-        off = {_Q4_0: 2, _Q4_1: 4, _Q5_0: 6}[tid]
+    if tid in (_Q4_0, _Q4_1, _Q5_0, _Q5_1):  # byte i: element i low, 16 + i high
+        off = {_Q4_0: 2, _Q4_1: 4, _Q5_0: 6, _Q5_1: 8}[tid]
         lo = _lo_words([(off + 8 * (g % 2), 4 * (g // 2)) for g in range(4)])
-        size = {_Q4_0: 18, _Q4_1: 20, _Q5_0: 22}[tid]
+        size = {_Q4_0: 18, _Q4_1: 20, _Q5_0: 22, _Q5_1: 24}[tid]
         if tid == _Q5_0:  # bit e of the little-endian uint32 at bytes 2..5: element e
             return Plan(32, size, False, lo, _lo_words([(2, 0)]), -1, 0, -1, 0, 0)
+        if tid == _Q5_1:  # d, m, then the high bits' uint32 at bytes 4..7
+            return Plan(32, size, False, lo, _lo_words([(4, 0)]), -1, 0, 2, 0, 0)
         return Plan(32, size, False, lo, none, 0, 0, 2 if tid == _Q4_1 else -1, 0, 0)
     if tid in (_Q4_K, _Q5_K):  # element 64c + 32h + l: byte 32c + l of qs, nibble h
         off = 16 if tid == _Q4_K else 48

@@ -2,7 +2,7 @@
 
   fp32    every matrix as float32 panels
   fp16    every matrix as binary16 panels (rounded here, once, to nearest even; KV cache fp16 too)
-  native  each matrix as the file stores it: Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/Q5_K/Q6_K/MXFP4 blocks as quantized
+  native  each matrix as the file stores it: Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K/MXFP4 blocks as quantized
           panels, F16 as fp16 panels of the file's bits, other types dequantized to float32 panels; a
           kind whose layers (or runs of rows) differ in type keeps each as stored (`MixedPanels`)
           where the runs start at multiples of 64 rows; the bits of fp32

@@ -161,7 +161,7 @@ DEV float scale_at(const void* a, i64 i, int is_f32) {
 }
 
 // Q8_0I: Q8_0 in the integer mode's layout (cpu/intpanels.py: qs (P, nb, 8, 32, 4)), for embeddings only.
-enum { F32P, F16P, F32R, F16R, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, MXFP4, Q8_0I };
+enum { F32P, F16P, F32R, F16R, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, MXFP4, Q8_0I, Q5_1 };
 
 // A quantized 32-element block's values, in two steps: `qblock` loads what its elements share (scales,
 // high bits) once, `qel` makes element e from that and the element's low-bits word (the byte, for
@@ -177,10 +177,10 @@ template <int KIND> DEV void qblock(const W& w, i64 p, i64 j, int b, QB& o) {
     if (KIND == MXFP4) {  // d = 2^(e - 128) from the E8M0 byte's bits (ggml's E8M0_TO_FP32_HALF)
         u32 e = ((const unsigned char*)w.d)[bi];
         o.d = as_float(e < 2u ? 0x00200000u << e : (e - 1u) << 23);
-    } else if (KIND == Q8_0 || KIND == Q8_0I || KIND == Q4_0 || KIND == Q4_1 || KIND == Q5_0) {
+    } else if (KIND == Q8_0 || KIND == Q8_0I || KIND == Q4_0 || KIND == Q4_1 || KIND == Q5_0 || KIND == Q5_1) {
         o.d = scale_at(w.d, bi, d32);
-        if (KIND == Q4_1) o.m = scale_at(w.m, bi, m32);
-        if (KIND == Q5_0) o.h = ((const u32*)w.qh)[bi];
+        if (KIND == Q4_1 || KIND == Q5_1) o.m = scale_at(w.m, bi, m32);
+        if (KIND == Q5_0 || KIND == Q5_1) o.h = ((const u32*)w.qh)[bi];
     } else if (KIND == Q4_K || KIND == Q5_K) {
         const int s = b / 8, jj = b % 8;
         const unsigned char* sc = (const unsigned char*)w.sc + (p * ns + s) * 12 * 32 + j;
@@ -213,6 +213,7 @@ template <int KIND> DEV float qel(const QB& o, u32 word, u32 hword, int e) {
     if (KIND == Q4_0) return o.d * (float)((int)lo - 8);  // d * (q - 8)
     if (KIND == Q4_1) return (o.d * (float)lo) + o.m;  // (d * q) + m
     if (KIND == Q5_0) return o.d * (float)((int)(lo | (((o.h >> e) & 1u) << 4)) - 16);  // d * q
+    if (KIND == Q5_1) return (o.d * (float)(lo | (((o.h >> e) & 1u) << 4))) + o.m;  // (d * q) + m
     if (KIND == Q4_K) return (o.d * (float)lo) - o.m;  // (dl * q) - ml
     if (KIND == Q5_K) return (o.d * (float)(lo | (((o.h >> e) & 1u) << 4))) - o.m;
     const u32 hi = (hword >> (2 * (e % 16))) & 3u;  // Q6_K
@@ -489,6 +490,7 @@ STORAGE_KERNELS(q8_0, Q8_0)
 STORAGE_KERNELS(q4_0, Q4_0)
 STORAGE_KERNELS(q4_1, Q4_1)
 STORAGE_KERNELS(q5_0, Q5_0)
+STORAGE_KERNELS(q5_1, Q5_1)
 STORAGE_KERNELS(q4_k, Q4_K)
 STORAGE_KERNELS(q5_k, Q5_K)
 STORAGE_KERNELS(q6_k, Q6_K)
