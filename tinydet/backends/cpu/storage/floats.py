@@ -60,7 +60,7 @@ def gemv_at(x, w, p0, n_out, out, u0, u1, c0):
     raise NotImplementedError("gemv_at is for jitted code")
 
 
-@overload(gemv_at, inline="always")
+@overload(gemv_at)
 def _gemv_at(x, w, p0, n_out, out, u0, u1, c0):
     """gemv_units on the panels from p0 on of w, writing output u * 32 + j at column c0 + u * 32 + j
     (clipped at n_out)."""
