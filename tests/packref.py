@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from tinydet.backends.cpu import layout
-from tinydet.backends.cpu.layout import K_QUANTS, MXFP4, Q4_0, Q4_1, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0, QBLOCK, QK_K, QPANEL
+from tinydet.backends.cpu.layout import K_QUANTS, MXFP4, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QBLOCK, QK_K, QPANEL
 from tinydet.numerics.simd import from_f16_bits
 from tinydet.formats.ggml import GGML_TYPES
 
@@ -23,8 +23,8 @@ def _words(vals, shifts):
 
 def _low4(tid, b):
     n = b.shape[0]
-    if tid in (Q4_0, Q4_1, Q5_0, MXFP4):
-        raw_q = b[:, :, {Q4_0: 2, Q4_1: 4, Q5_0: 6, MXFP4: 1}[tid]:][:, :, :16]
+    if tid in (Q4_0, Q4_1, Q5_0, Q5_1, MXFP4):
+        raw_q = b[:, :, {Q4_0: 2, Q4_1: 4, Q5_0: 6, Q5_1: 8, MXFP4: 1}[tid]:][:, :, :16]
         return np.concatenate([raw_q & np.uint8(15), raw_q >> np.uint8(4)], axis=2).reshape(n, -1)
     if tid in (Q4_K, Q5_K):
         qs = b[:, :, 16 if tid == Q4_K else 48:][:, :, :128].reshape(n, -1, 4, 1, 32)
@@ -35,8 +35,9 @@ def _low4(tid, b):
 
 def _high(tid, b):
     n = b.shape[0]
-    if tid == Q5_0:
-        return np.unpackbits(b[:, :, 2:6], axis=2, bitorder="little").reshape(n, -1)
+    if tid in (Q5_0, Q5_1):  # the 32 high bits after the scale (and Q5_1's min)
+        o = 2 if tid == Q5_0 else 4
+        return np.unpackbits(b[:, :, o:o + 4], axis=2, bitorder="little").reshape(n, -1)
     if tid == Q5_K:
         bits_ = np.unpackbits(b[:, :, 16:48, None], axis=3, bitorder="little")
         return np.ascontiguousarray(bits_.transpose(0, 1, 3, 2)).reshape(n, -1)
@@ -54,7 +55,7 @@ def _fields(tid, c):
         f = {"qs": c[:, :, 2:34].reshape(m, -1).view(np.int8)}
     else:
         f = {"qs": _words(_low4(tid, c), _NIBBLE_SHIFTS).reshape(m, -1, 4)}
-    if tid in (Q5_0, Q5_K):
+    if tid in (Q5_0, Q5_1, Q5_K):
         f["qh"] = _words(_high(tid, c), _BIT_SHIFTS)
     elif tid == Q6_K:
         f["qh"] = _words(_high(tid, c), _PAIR_SHIFTS).reshape(m, -1, 2)
@@ -64,7 +65,7 @@ def _fields(tid, c):
         f["d"] = c[:, :, 0]
     else:
         f["d"] = bits(0)
-        if tid in (Q4_1, Q4_K, Q5_K):
+        if tid in (Q4_1, Q5_1, Q4_K, Q5_K):
             f["m"] = bits(2)
         if tid in (Q4_K, Q5_K):
             f["sc"] = c[:, :, 4:16]
@@ -103,13 +104,13 @@ def pack_parts(parts, tid, k):
     scale = (P, ns if tid in K_QUANTS else nb, QPANEL)
     shapes = {"qs": (np.int8, (P, k, QPANEL)) if tid == Q8_0 else (np.uint32, (P, nb, 4, QPANEL)),
               "d": (np.uint8, scale) if tid == MXFP4 else (np.uint16, scale)}
-    if tid in (Q4_1, Q4_K, Q5_K):
+    if tid in (Q4_1, Q5_1, Q4_K, Q5_K):
         shapes["m"] = (np.uint16, scale)
     if tid in (Q4_K, Q5_K):
         shapes["sc"] = (np.uint8, (P, ns, 12, QPANEL))
     if tid == Q6_K:
         shapes["sc"] = (np.int8, (P, ns, 16, QPANEL))
-    if tid in (Q5_0, Q5_K):
+    if tid in (Q5_0, Q5_1, Q5_K):
         shapes["qh"] = (np.uint32, (P, nb, QPANEL))
     if tid == Q6_K:
         shapes["qh"] = (np.uint32, (P, nb, 2, QPANEL))

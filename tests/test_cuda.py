@@ -6,6 +6,9 @@
    every storage type (special and non-finite scales included), the int8 mode's integer products of
    every integer type, and whole models: every architecture's tiny checkpoint, fp32/fp16/native/int8,
    whole and chunked prefill, decode, batches, traces, the golden hashes of stories260K, and `verify`.
+   A native product's CPU bits are those of the float32 matrix (test_native.py proves it for every
+   type, non-finite scales included), so the product of the dequantized matrix on float32 panels is
+   the reference here: one CPU compile for every type instead of one per type (about 40 s each).
 2. NVRTC's code for it (the cuda-bindings and nvidia-cuda-nvrtc-cu12 wheels compile to PTX with no GPU):
    every kernel is there, with no fused multiply-add, no approximate or flush-to-zero instruction and
    every float add, subtract, multiply and divide rounded to nearest (`.rn`); the lint is shown to fail
@@ -43,6 +46,7 @@ from tinydet.backends.cupy import device as D
 from tinydet.backends.cupy import products as cupy_products
 from tinydet.cli import main
 from tinydet.errors import TinydetError
+from tinydet.formats.dequant import dequantize
 from tinydet.formats.ggml import GGML_TYPE_IDS
 from tinydet.tools.golden import check_golden, model_loader, read_golden
 from tinydet.tools.trace import diff_traces, run_trace, write_trace
@@ -69,6 +73,20 @@ def same(got, want, what=""):
 # ---------------------------------------------------------------------------------------------------
 # 1. The kernels against the CPU backend.
 
+def reference_product(x, w, n):
+    """The CPU's bits of x W^T (n outputs) for float panels, or for a native storage's dequantized
+    matrix (n, k) float32: its products' bits are the float32 matrix's (module docstring)."""
+    if w.ndim == 2:
+        w = layout.pack_panels(w)
+    out = np.full((x.shape[0], n), np.nan, np.float32)
+    cpu_matmul(x, w, n, out)
+    return out
+
+
+def dequantized(name, raw, n, k):
+    return dequantize(raw, GGML_TYPE_IDS[name], (n, k))
+
+
 @pytest.fixture(params=["gemv", "gemm"])
 def mm_path(request, monkeypatch):
     """Each product both ways (cupy.GEMV_ROWS): gemv, every (output, k-block) chain of a block's outputs
@@ -91,9 +109,9 @@ def test_product_every_storage_type(dev, name, rows, mm_path):
         # one seed for every row count: the same blocks, so the CPU reference compiles one storage
         # signature per type (non-finite scales may be stored as float32, `layout._scale_storage`, and
         # each float32/uint16 combination of d and m is a compile of its own, about a minute)
-        w = layout.pack_quantized(random_blocks(name, n, k, seed=3, nonfinite=True).reshape(-1), GGML_TYPE_IDS[name], k)
-    want = np.full((rows, n), np.nan, np.float32)
-    cpu_matmul(x, w, n, want)
+        raw = random_blocks(name, n, k, seed=3, nonfinite=True)
+        w = layout.pack_quantized(raw.reshape(-1), GGML_TYPE_IDS[name], k)
+    want = reference_product(x, w if name in ("f32", "f16") else dequantized(name, raw, n, k), n)
     same(product(dev, x, w, n), want, name)
 
 
@@ -109,17 +127,16 @@ def test_product_fused_steps(dev, name, rows, mm_path):
     bias = rng.standard_normal(n).astype(np.float32)
     resid = rng.standard_normal((rows, n)).astype(np.float32)
     if name == "f16":
-        w = layout.pack_panels(to_f16_bits(rng.standard_normal((n, k)).astype(np.float32)))
+        w = ref = layout.pack_panels(to_f16_bits(rng.standard_normal((n, k)).astype(np.float32)))
     else:
-        w = layout.pack_quantized(random_blocks(name, n, k, seed=rows).reshape(-1), GGML_TYPE_IDS[name], k)
+        raw = random_blocks(name, n, k, seed=rows)
+        w, ref = layout.pack_quantized(raw.reshape(-1), GGML_TYPE_IDS[name], k), dequantized(name, raw, n, k)
     h = np.empty_like(x)
     cpu_rmsnorm(x, nw, np.float32(1e-5), h)
-    prod = np.full((rows, n), np.nan, np.float32)
-    cpu_matmul(h, w, n, prod)
+    prod = reference_product(h, ref, n)
     same(product(dev, x, w, n, norm=(nw, 1e-5)), prod, "RMSNorm fused")
     same(product(dev, x, w, n, norm=(nw, 1e-5), bias=bias), prod + bias, "with the bias")
-    plain = np.full((rows, n), np.nan, np.float32)
-    cpu_matmul(x, w, n, plain)
+    plain = reference_product(x, ref, n)
     same(product(dev, x, w, n, out=resid), resid + plain, "added to a residual")
     assert not np.array_equal(bits(prod), bits(plain))
 
@@ -132,15 +149,18 @@ def test_product_float32_scales_and_mixed_storage(dev, mm_path):
     qp = layout.pack_quantized(raw.reshape(-1), layout.Q4_1, 128)
     assert qp.d.dtype == np.float32
     x = rng.standard_normal((4, 128)).astype(np.float32)
-    want = np.full((4, 64), np.nan, np.float32)
-    cpu_matmul(x, qp, 64, want)
-    same(product(dev, x, qp, 64), want, "float32 scales")
+    same(product(dev, x, qp, 64), reference_product(x, dequantized("Q4_1", raw, 64, 128), 64), "float32 scales")
 
     parts = [("Q8_0", 64), ("Q4_0", 128), ("f32", 64)]
 
+    def matrix(key, n, seed):
+        if key == "f32":
+            return np.random.default_rng(seed).standard_normal((n, 128)).astype(np.float32)
+        return dequantized(key, random_blocks(key, n, 128, seed), n, 128)
+
     def make(key, n, seed):
         if key == "f32":
-            return lambda: layout.pack_panels(np.random.default_rng(seed).standard_normal((n, 128)).astype(np.float32))
+            return lambda: layout.pack_panels(matrix(key, n, seed))
         tid = GGML_TYPE_IDS[key]
         return lambda: layout.pack_parts([(random_blocks(key, n, 128, seed), None, tid)], tid, 128)
 
@@ -150,9 +170,7 @@ def test_product_float32_scales_and_mixed_storage(dev, mm_path):
     for li in range(2):  # the CPU's products of each run on its own, side by side
         want = []
         for i, (key, n) in enumerate(parts):
-            out = np.full((4, n), np.nan, np.float32)
-            cpu_matmul(x, make(key, n, i + 10 * li)(), n, out)
-            want.append(out)
+            want.append(reference_product(x, matrix(key, n, i + 10 * li), n))
         same(product(dev, x, mixed, 256, layer=li), np.concatenate(want, axis=1), f"mixed layer {li}")
 
 

@@ -32,9 +32,19 @@ def golden_model(request):
     return request.param, request.getfixturevalue(fixture)
 
 
-@pytest.mark.parametrize("env", list(ENVIRONMENTS))
-def test_golden_hashes(golden_model, env):
-    name, path = golden_model
+def _envs():
+    """Every environment for every golden model. On numba's other targets the tiny stories260K (fp32,
+    fp16) is the representative check; SmolLM2 there (fp32, fp16 and int8 on its shapes, 22 cases, the
+    slowest checks of the suite) is the full matrix, marked `slow` (README: test tiers)."""
+    for model in ("stories260k", "smollm2-135m-instruct"):
+        for env in ENVIRONMENTS:
+            slow = model.startswith("smollm") and env.startswith("numba ")
+            yield pytest.param(model, env, id=f"{model}-{env}", marks=[pytest.mark.slow] if slow else [])
+
+
+@pytest.mark.parametrize("model, env", list(_envs()))
+def test_golden_hashes(request, model, env):
+    name, path = model, request.getfixturevalue("stories_path" if model.startswith("stories") else "smollm_path")
     golden = GOLDEN / f"{name}.json"
     if not ENVIRONMENTS[env]:
         bad = check_golden(model_loader(path), read_golden(golden), tinydet.hashing.file_sha256(path))

@@ -208,6 +208,7 @@ def test_worst_case_magnitudes(name):
     assert np.isfinite(want).all() and np.abs(want).max() > 0
 
 
+@pytest.mark.slow
 def test_generic_and_avx2_builds_give_the_same_bits(tmp_path):
     """Compiled for a generic x86-64 (plain vector integer IR) and for Haswell (AVX2's vpmaddubsw, its
     16-bit pair sums folded by vpmaddwd), the bits of the reference, as the host build's (AVX-512 VNNI

@@ -412,6 +412,7 @@ def test_errors():
         loaders.embed(qp, np.array([64]), np.empty((1, 64), np.float32))
 
 
+@pytest.mark.slow
 def test_generic_x86_64_target_gives_the_same_bits(tmp_path):
     """Compiled for a generic x86-64 (the vectors split into SSE registers; no F16C, FMA or AVX-512:
     integer fp16 widening, unfused multiply-adds, nibbles masked in place rather than looked up), the

@@ -43,7 +43,7 @@ widen fp16 scales exactly (F16C where the compile target has it, else an integer
 `formats.dequant` uses NumPy's float16 -> float32 cast. They agree on every value but signaling NaNs
 (F16C quiets them), and a NaN's payload could in principle differ, so the packer stores NumPy's
 float32 scales instead (the kernels accept either dtype) when any scale is a signaling NaN or its
-integer widening differs from NumPy's.
+integer widening differs from NumPy's, and then a type's mins too (`QPanels`: d and m share a dtype).
 
 Rows move whole, so Q/K un-permutation and concatenation ([wq; wk; wv], [w1; w3]) happen on the raw
 block rows: `pack_parts([(raw_q, order_q), (raw_k, order_k), (raw_v, None)], type, dim)` is the matrix
@@ -122,6 +122,14 @@ class QPanels:
     sc: np.ndarray | None = None  # K-quants' sub-block scales (and mins); otherwise None
     qh: np.ndarray | None = None  # Q5_0/Q5_K's 5th bits, Q6_K's high 2 bits; otherwise None
 
+    def __post_init__(self):
+        # d and m share one dtype: where one is kept as float32 (NaN scales), so is the other (the same
+        # values, NumPy's widening), so a type compiles one product for float32 scales, not three
+        d, m = self.d, self.m
+        if m is not None and d.dtype != m.dtype and {d.dtype, m.dtype} == {np.dtype(np.uint16), np.dtype(np.float32)}:
+            object.__setattr__(self, "d" if d.dtype == np.uint16 else "m",
+                               (d if d.dtype == np.uint16 else m).view(np.float16).astype(np.float32))
+
     @property
     def type_name(self) -> str:
         return NATIVE_TYPES[self.ggml_type]
@@ -158,6 +166,7 @@ class QPanels:
             dtypes = (np.uint16, np.float32) if want[0] is None else (want[0],)
             ok = ok and (isinstance(a, np.ndarray) and a.dtype in dtypes and a.shape == want[1]
                          and a.flags.c_contiguous)
+        ok = ok and (self.m is None or self.m.dtype == self.d.dtype)
         if not ok:
             raise ValueError("QPanels: the packed arrays do not have the quantized panel layout")
 

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import numpy as np
+
 from numba import njit
+from numba.extending import overload
 
 from ...numerics.simd import KBLOCK, LANES, VECTORS, at, kahan, target_isa, v_add, v_get, v_mul, v_store
 
@@ -125,3 +128,22 @@ def tiles_for(kind: str):
 def rows_for(kind: str):
     """The jitted rows(T): rows per pass of `tiles_for(kind)` for T rows."""
     return _by_rows(kind, target_isa())[1]
+
+
+def _buffered(x, ta, tb, buf, off, n0, n_out, out):
+    raise NotImplementedError("_buffered is for jitted code")
+
+
+@overload(_buffered)
+def _buffered_impl(x, ta, tb, buf, off, n0, n_out, out):
+    f = tiles_for("buffered")
+    return lambda x, ta, tb, buf, off, n0, n_out, out: f(x, ta, tb, buf, off, n0, n_out, out)
+
+
+@njit(cache=True)
+def buffered(x, ta, tb, buf, off, n0, n_out, out):
+    """`tiles_for("buffered")` compiled once per target, for every storage whose groups are converted
+    into the float32 buffer (quantized, mixed and fp16 panels), instead of inlined into each kind's
+    product: the tiles are most of a prefill's code, and each storage type's product compiled them
+    again (about 6 s of a quantized type's 36)."""
+    _buffered(x, ta, tb, buf, np.int64(off), np.int64(n0), np.int64(n_out), out)

@@ -12,7 +12,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from ....numerics.simd import HALF, LANES, v_load, v_store, widen
-from ..tiles import dot, put, rows_for, tiles_for
+from ..tiles import buffered, dot, put, rows_for, tiles_for
 from .common import act_alloc, act_rows, prefetch_panels, quantizes  # noqa: F401 (x as it is)
 
 # fp16 panels: from this many tokens on, widened once per group into a float32 buffer (`prefill_group`);
@@ -60,7 +60,7 @@ def gemv_at(x, w, p0, n_out, out, u0, u1, c0):
     raise NotImplementedError("gemv_at is for jitted code")
 
 
-@overload(gemv_at, inline="always")
+@overload(gemv_at)
 def _gemv_at(x, w, p0, n_out, out, u0, u1, c0):
     """gemv_units on the panels from p0 on of w, writing output u * 32 + j at column c0 + u * 32 + j
     (clipped at n_out)."""
@@ -118,7 +118,6 @@ def _fill_at(w, p0, g, wbuf):
 
 def prefill_group(x, w, g, ta, tb, n_out, out, wbuf):
     if w.dtype == types.uint16:
-        buffered = tiles_for("buffered")
 
         # fp16 panels: for a prompt's many tokens, the group's panel is widened (exactly) once into a
         # cache-resident float32 buffer instead of at every load of every tile (a batch of a few

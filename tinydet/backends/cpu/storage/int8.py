@@ -85,7 +85,7 @@ def _int_units(xa, w, p0, n_out, out, u0, u1, c0):
     raise NotImplementedError("_int_units is for jitted code")
 
 
-@overload(_int_units, inline="always")
+@overload(_int_units)
 def _int_units_impl(xa, w, p0, n_out, out, u0, u1, c0):
     kern = units_kernel(w[0].qtype)
     return lambda xa, w, p0, n_out, out, u0, u1, c0: kern(xa, w, p0, n_out, out, u0, u1, c0)
@@ -95,7 +95,7 @@ def _int_group(xa, w, p0, g, ta, tb, n_out, out, c0):
     raise NotImplementedError("_int_group is for jitted code")
 
 
-@overload(_int_group, inline="always")
+@overload(_int_group)
 def _int_group_impl(xa, w, p0, g, ta, tb, n_out, out, c0):
     grp = group_kernel(w[0].qtype)
     return lambda xa, w, p0, g, ta, tb, n_out, out, c0: grp(xa, w, p0, g, ta, tb, n_out, out, c0)

@@ -26,7 +26,7 @@ from numba import njit
 from ..actq import quantize_rows
 from ..intdot import K_KINDS, tile_rows
 from ....numerics.simd import LANES
-from ..tiles import tiles_for
+from ..tiles import buffered
 from .kinds import module
 from .mixed import groups, layer, part_slots, units  # noqa: F401 (as native's mixed kinds)
 
@@ -87,7 +87,7 @@ def _dispatch(w, body_int: str, body_float: str):
     out): `body_int` / `body_float` formatted with {part} (the part's 6 slots as a tuple), {seg} (its
     kind's module, `storage.table`) and {xa} (its activations: x, or the 32- or 256-blocks)."""
     lines = ["def f(w, i, xa, p0, a, b, n_out, out, c0, ta, tb, wbuf):"]
-    scope = {"buffered": tiles_for("buffered")}
+    scope = {"buffered": buffered}
     for i, (o, kind) in enumerate(_parts(w)):
         lines.append(f"    {'if' if i == 0 else 'elif'} i == {i}:")
         part = "(" + ", ".join(f"w[{o + j}]" for j in range(6)) + ")"

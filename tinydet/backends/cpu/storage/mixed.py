@@ -13,7 +13,7 @@ from __future__ import annotations
 from numba.extending import overload
 
 from ....numerics.simd import LANES
-from ..tiles import tiles_for
+from ..tiles import buffered
 from .common import act_alloc, act_rows, quantizes  # noqa: F401 (x as it is)
 from .kinds import module
 from .quantized import few_rows, tiling  # noqa: F401 (those of its quantized parts, which float parts follow)
@@ -88,8 +88,6 @@ def gemv_units(x, w, n_out, out, u0, u1):
 
 
 def prefill_group(x, w, g, ta, tb, n_out, out, wbuf):
-    buffered = tiles_for("buffered")
-
     def mixed(x, w, g, ta, tb, n_out, out, wbuf):
         tab = w[1]
         for s in range(tab.shape[0] - 1):

@@ -17,7 +17,7 @@ from numba.extending import overload
 from ..layout import QBLOCK
 from ..qblocks import q_dequantize_pair, q_element, q_rows, q_unit, q_unit_pair
 from ....numerics.simd import HALF, LANES, target_isa, v_part
-from ..tiles import put, tiles_for
+from ..tiles import buffered, put
 from .common import act_alloc, act_rows, pick, prefetch_panels, quantizes  # noqa: F401 (x as it is)
 from .floats import buffered_tiling
 
@@ -71,7 +71,7 @@ def _gemv_at(x, w, p0, n_out, out, u0, u1, c0):
     raise NotImplementedError("_gemv_at is for jitted code")
 
 
-@overload(_gemv_at, inline="always")
+@overload(_gemv_at)
 def _gemv_at_impl(x, w, p0, n_out, out, u0, u1, c0):
     """gemv_units on the panels from p0 on of w, writing output u * 32 + j at column c0 + u * 32 + j
     (clipped at n_out)."""
@@ -129,8 +129,6 @@ def gemv_units(x, w, n_out, out, u0, u1):
 
 
 def prefill_group(x, w, g, ta, tb, n_out, out, wbuf):
-    buffered = tiles_for("buffered")
-
     def quantized(x, w, g, ta, tb, n_out, out, wbuf):
         seg_fill(w, 0, g, wbuf)  # dequantized (a missing second panel: zeros)
         seg_prefetch(w, 0, g + 1)  # the next group
