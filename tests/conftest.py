@@ -40,14 +40,6 @@ GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a681
 GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
 
 
-def pytest_xdist_auto_num_workers(config):
-    """`-n auto`: a worker more than the cores (up to 4, as pyproject's --maxprocesses). About a fifth of
-    a run's test time is spent waiting (on servers, subprocesses, a Ray cluster) with a core idle, and
-    the kernels compile on one core per worker: the extra worker keeps both cores of a 2-core CI
-    machine busy."""
-    return min(4, (os.cpu_count() or 1) + 1)
-
-
 @pytest.fixture(scope="module")
 def ray_turn():
     """One local Ray cluster at a time: under `pytest -n` the Ray test files may run on two workers at
