@@ -17,7 +17,6 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-
 from numba import njit
 from numba.extending import overload
 

@@ -118,7 +118,6 @@ def _fill_at(w, p0, g, wbuf):
 
 def prefill_group(x, w, g, ta, tb, n_out, out, wbuf):
     if w.dtype == types.uint16:
-
         # fp16 panels: for a prompt's many tokens, the group's panel is widened (exactly) once into a
         # cache-resident float32 buffer instead of at every load of every tile (a batch of a few
         # decoding sequences, under HALF_WIDEN tokens, takes gemv_units instead: `few_rows`).
