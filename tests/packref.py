@@ -8,7 +8,6 @@ import numpy as np
 
 from tinydet.backends.cpu import layout
 from tinydet.backends.cpu.layout import K_QUANTS, MXFP4, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QBLOCK, QK_K, QPANEL
-from tinydet.numerics.simd import from_f16_bits
 from tinydet.formats.ggml import GGML_TYPES
 
 _NIBBLE_SHIFTS = np.arange(0, 32, 4, dtype=np.uint32)
@@ -81,11 +80,9 @@ def _into_panels(dst, r0, a):
 
 
 def _scale_storage(bits):
-    want = bits.view(np.float16).astype(np.float32)
+    """fp16 scale bits with every signaling NaN quieted (its quiet bit, 0x0200, set)."""
     snan = ((bits & 0x7C00) == 0x7C00) & ((bits & 0x03FF) != 0) & ((bits & 0x0200) == 0)
-    if snan.any() or not np.array_equal(from_f16_bits(bits).view(np.uint32), want.view(np.uint32)):
-        return want
-    return bits
+    return np.where(snan, bits | 0x0200, bits).astype(np.uint16)
 
 
 def pack_parts(parts, tid, k):

@@ -203,28 +203,20 @@ def test_nonfinite_scales(name, restore_threads):
             assert_same_bits(native_product(x[:T], qp), want[:T], f"{name} T={T} threads={threads}")
 
 
-def test_float32_scales_fallback():
-    """Scales the kernel's integer widening might not reproduce bit for bit (NaN payloads) are stored
-    widened by NumPy; the kernels take float32 scales as well as fp16 bits and give the same result."""
-    for name, k in (("Q4_1", 128), ("Q4_K", 256)):
-        n = 70
-        raw = random_blocks(name, n, k, seed=5)
-        qp = layout.pack_quantized(raw, GGML_TYPE_IDS[name], k)
-        as_f32 = layout.QPanels(qp.ggml_type, n, k, qp.qs, qp.d.view(np.float16).astype(np.float32),
-                                qp.m.view(np.float16).astype(np.float32), qp.sc, qp.qh)
-        x = np.random.default_rng(2).standard_normal((5, k)).astype(np.float32)
-        for T in (1, 5):
-            assert_same_bits(native_product(x[:T], as_f32), native_product(x[:T], qp), name)
-        rows = np.empty((n, k), np.float32)
-        loaders.embed(as_f32, np.arange(n), rows)
-        assert_same_bits(rows, dequantize(raw, GGML_TYPE_IDS[name], (n, k)), name)
-    # the kernels' integer widening (the packer's check) agrees with NumPy on every non-NaN fp16 pattern
+def test_scale_widenings_agree_but_on_signaling_nans():
+    """The kernels' integer widening of fp16 scales (F16C aside) equals NumPy's cast on every pattern
+    but the signaling NaNs, which the packer quiets (`repack.quiet_snans`): on the quieted pattern both
+    give the quiet NaN that NumPy's dequantization makes of every weight the original scale multiplies."""
     allh = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    snan = ((allh & 0x7C00) == 0x7C00) & ((allh & 0x03FF) != 0) & ((allh & 0x0200) == 0)
     want = allh.view(np.float16).astype(np.float32)
-    got = simd.from_f16_bits(allh).view(np.uint32)
-    finite = ~np.isnan(want)
-    assert np.array_equal(got[finite], want.view(np.uint32)[finite])
-    assert np.isnan(got.view(np.float32)[~finite]).all()
+    got = simd.from_f16_bits(allh)
+    assert np.array_equal(u32(got)[~snan], u32(want)[~snan])
+    quiet = allh[snan] | np.uint16(0x0200)
+    with np.errstate(invalid="ignore"):
+        weights = want[snan] * np.float32(3.0)  # NumPy's dequantization: d * q
+    assert np.array_equal(u32(simd.from_f16_bits(quiet)), u32(weights))
+    assert np.array_equal(u32(quiet.view(np.float16).astype(np.float32)), u32(weights))
 
 
 def test_every_quant_value_and_sign_is_exact():
@@ -515,21 +507,22 @@ def test_smollm_every_matrix_bit_identical(smollm_path, restore_threads):
     assert_same_bits(rows, table[ids], "embedding")
 
 
-def test_signaling_nan_scales_are_stored_widened():
-    """F16C quiets signaling NaNs and the integer widening does not: a matrix with one stores
-    NumPy's float32 scales, and the product still equals fp32's."""
+def test_signaling_nan_scales_are_stored_quieted():
+    """F16C quiets signaling NaNs and the integer widening does not: the packer stores such a scale
+    quieted (still fp16 bits), and the product and the embedding rows still equal fp32's."""
     n, k = 40, 64
     raw = random_blocks("Q8_0", n, k, seed=7)
     blocks = raw.reshape(n, k // 32, 34)
     blocks[3, 1, 0:2] = np.array([0x7C01], "<u2").view(np.uint8)  # a signaling NaN scale
     qp = layout.pack_quantized(raw, layout.Q8_0, k)
-    assert qp.d.dtype == np.float32
+    assert qp.d.dtype == np.uint16 and qp.d[0, 1, 3] == 0x7E01
     w = dequantize(raw, layout.Q8_0, (n, k))
     x = np.random.default_rng(4).standard_normal((3, k)).astype(np.float32)
     for T in (1, 3):
         assert_same_bits(native_product(x[:T], qp), fp32_product(x[:T], w))
-    clean = layout.pack_quantized(random_blocks("Q8_0", n, k, seed=7), layout.Q8_0, k)
-    assert clean.d.dtype == np.uint16
+    rows = np.empty((n, k), np.float32)
+    loaders.embed(qp, np.arange(n), rows)
+    assert np.array_equal(u32(rows), u32(w))  # NaN payloads too
 
 
 def test_q4_1_scale_times_quant_is_exact():
@@ -857,19 +850,18 @@ def test_pack_parts_releases_each_chunk_after_copying_it(name, monkeypatch):
         assert (a is None and b is None) or (a.dtype == b.dtype and np.array_equal(a, b)), f
 
 
-def test_scale_check_reads_every_panel():
-    """Scales are checked in place (no float32 copy of a whole table's scales): a
-    signaling NaN in the last panel still makes the whole matrix store NumPy's float32 scales."""
+def test_scale_quieting_reads_every_panel():
+    """Scales are quieted in place: a signaling NaN in the last panel of a 4-panel matrix is quieted,
+    and every other scale kept as its fp16 bits."""
     n, k = 100, 64  # 4 panels
     raw = random_blocks("Q8_0", n, k, seed=8)
-    assert layout.pack_quantized(raw, layout.Q8_0, k).d.dtype == np.uint16
     raw.reshape(n, k // 32, 34)[n - 1, 1, 0:2] = np.array([0x7C01], "<u2").view(np.uint8)  # in the last panel
     qp = layout.pack_quantized(raw, layout.Q8_0, k)
-    assert qp.d.dtype == np.float32
     bits = np.ascontiguousarray(raw.reshape(n, k // 32, 34)[:, :, 0:2]).view("<u2")[:, :, 0]
-    want = np.zeros((4 * 32, k // 32), np.float32)
-    want[:n] = bits.view(np.float16).astype(np.float32)
-    assert np.array_equal(qp.d.transpose(0, 2, 1).reshape(-1, k // 32).view(np.uint32), want.view(np.uint32))
+    want = np.zeros((4 * 32, k // 32), np.uint16)
+    want[:n] = bits
+    want[n - 1, 1] = 0x7E01
+    assert qp.d.dtype == np.uint16 and np.array_equal(qp.d.transpose(0, 2, 1).reshape(-1, k // 32), want)
 
 
 # --- 6. MXFP4: E8M0 exponents, E2M1 codes ------------------------------------------------------------------

@@ -65,7 +65,7 @@ def test_read_only_mapped_rows(name, tmp_path):
 @pytest.mark.parametrize("name", NATIVE)
 def test_stack_equals_the_numpy_packer_per_layer(name):
     """pack_stack of 3 layers is each layer's NumPy packing, stacked; a signaling NaN scale in one
-    layer makes every layer's scales NumPy's float32 widening (as `layout.stack` does)."""
+    layer is stored quieted, in that layer only."""
     tid = GGML_TYPE_IDS[name]
     k = k_for(name, 64)
     layers = [[random_blocks(name, 48, k, seed=10 + i), random_blocks(name, 24, k, seed=20 + i)] for i in range(3)]
@@ -79,7 +79,7 @@ def test_stack_equals_the_numpy_packer_per_layer(name):
         assert done == [0, 1, 2]
         want = layout.stack([packref.pack_parts([(a, None), (b, None)], tid, k) for a, b in layers])
         assert_same_panels(got, want, f"{name} poison={poison}", layers=3)
-        assert (got.d.dtype == np.float32) == (poison and name != "MXFP4")  # E8M0 bytes: no NaN, kept as stored
+        assert got.d.dtype == (np.uint8 if name == "MXFP4" else np.uint16)  # E8M0 bytes, or fp16 bits
 
 
 def test_stack_errors():
@@ -91,13 +91,18 @@ def test_stack_errors():
         layout.pack_stack([[(raw, None, layout.Q8_0)]], tid, 64)
 
 
-def test_scale_table_is_the_numpy_check():
-    """`_f16_ok` (the packer's per-pattern table) keeps a matrix's fp16 scales exactly where the
-    NumPy packer's check did: every NaN pattern and a sample of the others, one scale each."""
-    ok = layout._f16_ok()
+def test_signaling_nan_scales_are_quieted_as_the_numpy_packer_does():
+    """The packer's kernel (`repack.quiet_snans`) sets the quiet bit of exactly the signaling NaN
+    patterns, as the NumPy packer's mask does: every NaN pattern of both signs, and 2,000 others."""
+    from tinydet.backends.cpu import repack
+
     rng = np.random.default_rng(0)
     nan = np.array([s | e for s in (0, 0x8000) for e in range(0x7C00, 0x8000)], np.uint16)
-    for v in np.concatenate([nan, rng.integers(0, 1 << 16, 2000).astype(np.uint16)]):
-        bits = np.full((1, 1, 32), v, np.uint16)
-        assert bool(ok[v]) == (packref._scale_storage(bits).dtype == np.uint16), hex(v)
-    assert ok.sum() == (1 << 16) - 2 * 511  # all but the signaling NaNs (payloads 1..0x1FF, two signs)
+    vals = np.concatenate([nan, rng.integers(0, 1 << 16, 2000).astype(np.uint16)])
+    bits = np.zeros((-(-vals.size // 32), 32), np.uint16)
+    bits.reshape(-1)[:vals.size] = vals
+    got = repack.quiet_snans(bits.copy())
+    assert np.array_equal(got, packref._scale_storage(bits))
+    snan = ((bits & 0x7C00) == 0x7C00) & ((bits & 0x0200) == 0) & ((bits & 0x01FF) != 0)
+    assert np.array_equal(got != bits, snan) and ((got ^ bits)[snan] == 0x0200).all()
+    assert snan.reshape(-1)[:nan.size].sum() == 2 * 511  # payloads 1..0x1FF, two signs

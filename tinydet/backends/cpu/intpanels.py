@@ -38,7 +38,7 @@ class IntPanels:
     n: int
     k: int
     qs: np.ndarray  # Q8_0: int8 (P, k/32, 8, 32, 4); the others: native uint32 (P, k/32, 4, 32)
-    d: np.ndarray  # (P, k/32, 32) (K-quants: (P, k/256, 32)) uint16 fp16 bits or float32 (MXFP4: uint8), as QPanels.d
+    d: np.ndarray  # (P, k/32, 32) (K-quants: (P, k/256, 32)) uint16 fp16 bits (MXFP4: uint8), as QPanels.d
     m: np.ndarray | None = None  # Q4_1's mins, Q4_K/Q5_K's dmin
     sc: np.ndarray | None = None  # the K-quants' sub-block scales, as QPanels.sc
     qh: np.ndarray | None = None  # Q5_0/Q5_K's 5th bits, Q6_K's high 2 bits, as QPanels.qh
@@ -62,7 +62,7 @@ class IntPanels:
         t, k = self.ggml_type, self.k
         P = self.d.shape[0] if isinstance(self.d, np.ndarray) and self.d.ndim == 3 else -1
         nb, ns = k // QBLOCK, k // QK_K
-        scale = ((np.uint16, np.float32), (P, ns if t in K_QUANTS else nb, 32))
+        scale = ((np.uint16,), (P, ns if t in K_QUANTS else nb, 32))
         want = {"qs": ((np.int8,), (P, nb, 8, 32, 4)) if t == Q8_0 else ((np.uint32,), (P, nb, 4, 32)),
                 "d": ((np.uint8,), (P, nb, 32)) if t == MXFP4 else scale,
                 "m": scale if t in (Q4_1, Q4_K, Q5_K) else None,

@@ -40,10 +40,10 @@ and int8 scales are the stored bytes, moved.
 
 Rows past N (the last panel's padding) are zero bytes: weight 0, computed and never stored. The kernels
 widen fp16 scales exactly (F16C where the compile target has it, else an integer conversion);
-`formats.dequant` uses NumPy's float16 -> float32 cast. They agree on every value but signaling NaNs
-(F16C quiets them), and a NaN's payload could in principle differ, so the packer stores NumPy's
-float32 scales instead (the kernels accept either dtype) when any scale is a signaling NaN or its
-integer widening differs from NumPy's, and then a type's mins too (`QPanels`: d and m share a dtype).
+`formats.dequant` uses NumPy's float16 -> float32 cast. They agree on every pattern but the signaling
+NaNs, which F16C quiets and the others keep. The packer stores those quieted (`repack.quiet_snans`):
+every widening then gives the one quiet NaN that NumPy's dequantization gives each weight such a scale
+multiplies (arithmetic quiets a NaN and keeps its payload), and scales stay fp16 bits, one dtype.
 
 Rows move whole, so Q/K un-permutation and concatenation ([wq; wk; wv], [w1; w3]) happen on the raw
 block rows: `pack_parts([(raw_q, order_q), (raw_k, order_k), (raw_v, None)], type, dim)` is the matrix
@@ -62,7 +62,7 @@ import numpy as np
 from ...formats.ggml import GGML_TYPE_IDS, GGML_TYPES, MXFP4, Q4_0, Q4_1, Q8_0
 from ...numerics.simd import HALF as QPANEL  # rows per quantized panel: the kernels' 32-lane vectors
 from . import repack
-from ...numerics.simd import LANES, from_f16_bits
+from ...numerics.simd import LANES
 from .storage.kinds import tag
 
 QBLOCK = 32  # elements per Q8_0 / Q4_0 / Q4_1 / Q5_0 block, and per K-quant sub-block
@@ -96,9 +96,9 @@ def pack_panels(w: np.ndarray) -> np.ndarray:
 
 def _shapes(t: int, P: int, k: int) -> dict:
     """The (dtype, shape) of each array of a type's quantized panels (None: absent), per the module
-    docstring; the scale arrays may be uint16 or float32."""
+    docstring."""
     nb, ns = k // QBLOCK, k // QK_K
-    scale = (None, (P, ns if t in K_QUANTS else nb, QPANEL))
+    scale = (np.uint16, (P, ns if t in K_QUANTS else nb, QPANEL))
     return {"qs": (np.int8, (P, k, QPANEL)) if t == Q8_0 else (np.uint32, (P, nb, 4, QPANEL)),
             "d": (np.uint8, (P, nb, QPANEL)) if t == MXFP4 else scale,
             "m": scale if t in (Q4_1, Q5_1, Q4_K, Q5_K) else None,
@@ -117,18 +117,10 @@ class QPanels:
     n: int  # rows (outputs)
     k: int  # row length (inputs), a multiple of 32 (of 256 for K-quants)
     qs: np.ndarray  # Q8_0: int8 (P, k, 32); the others: uint32 (P, k/32, 4, 32)
-    d: np.ndarray  # (P, k/32, 32) (K-quants: (P, k/256, 32)) uint16 fp16 bits, or float32; MXFP4: uint8 E8M0
+    d: np.ndarray  # (P, k/32, 32) (K-quants: (P, k/256, 32)) uint16 fp16 bits; MXFP4: uint8 E8M0
     m: np.ndarray | None = None  # Q4_1's mins, Q4_K/Q5_K's dmin: like d; otherwise None
     sc: np.ndarray | None = None  # K-quants' sub-block scales (and mins); otherwise None
     qh: np.ndarray | None = None  # Q5_0/Q5_K's 5th bits, Q6_K's high 2 bits; otherwise None
-
-    def __post_init__(self):
-        # d and m share one dtype: where one is kept as float32 (NaN scales), so is the other (the same
-        # values, NumPy's widening), so a type compiles one product for float32 scales, not three
-        d, m = self.d, self.m
-        if m is not None and d.dtype != m.dtype and {d.dtype, m.dtype} == {np.dtype(np.uint16), np.dtype(np.float32)}:
-            object.__setattr__(self, "d" if d.dtype == np.uint16 else "m",
-                               (d if d.dtype == np.uint16 else m).view(np.float16).astype(np.float32))
 
     @property
     def type_name(self) -> str:
@@ -163,10 +155,8 @@ class QPanels:
             if want is None:
                 ok = ok and a is None
                 continue
-            dtypes = (np.uint16, np.float32) if want[0] is None else (want[0],)
-            ok = ok and (isinstance(a, np.ndarray) and a.dtype in dtypes and a.shape == want[1]
+            ok = ok and (isinstance(a, np.ndarray) and a.dtype == want[0] and a.shape == want[1]
                          and a.flags.c_contiguous)
-        ok = ok and (self.m is None or self.m.dtype == self.d.dtype)
         if not ok:
             raise ValueError("QPanels: the packed arrays do not have the quantized panel layout")
 
@@ -222,39 +212,13 @@ def _parts(parts: Sequence[tuple], tid: int, k: int) -> list[tuple[np.ndarray, n
     return out
 
 
-_F16_OK = None
-
-
-def _f16_ok() -> np.ndarray:
-    """(65536,) uint8: 1 where the kernels' integer widening of that fp16 pattern equals NumPy's cast
-    bit for bit and it is not a signaling NaN (the one input on which the kernels' widenings, integer
-    or F16C, which quiets it, may differ from each other and from NumPy's)."""
-    global _F16_OK
-    if _F16_OK is None:
-        b = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
-        want = b.view(np.float16).astype(np.float32)
-        snan = ((b & 0x7C00) == 0x7C00) & ((b & 0x03FF) != 0) & ((b & 0x0200) == 0)
-        _F16_OK = (~snan & (from_f16_bits(b).view(np.uint32) == want.view(np.uint32))).astype(np.uint8)
-    return _F16_OK
-
-
-def _scale_storage(bits: np.ndarray) -> np.ndarray:
-    """fp16 scale bits as the kernels take them: the bits, or NumPy's float32 widening of them when
-    the kernel's integer widening would not reproduce NumPy's cast bit for bit (only possible for
-    NaN scales). Checked in place against a table of the 65536 patterns (`_f16_ok`): no float32 copy
-    of a large matrix's scales unless one is needed."""
-    if repack.any_bad(bits, _f16_ok()):
-        return bits.view(np.float16).astype(np.float32)
-    return bits
-
-
 def _new_panels(tid: int, shape_of, lead: tuple = ()) -> dict:
     """Uninitialized panel arrays (uint16 scales), `lead` axes first, the last panel zeroed (its rows
     past the matrix's end are padding)."""
     out = {}
     for name, want in shape_of.items():
         if want is not None:
-            a = aligned_empty(lead + want[1], want[0] or np.uint16)
+            a = aligned_empty(lead + want[1], want[0])
             a[(slice(None),) * len(lead) + (-1,)] = 0
             out[name] = a
     return out
@@ -275,6 +239,13 @@ def _pack_into(tid: int, out: dict, srcs: list, release=None) -> None:
         r0 += order.shape[0]
 
 
+def _quiet_scales(tid: int, out: dict) -> None:
+    """The packed fp16 scales (and mins) with their signaling NaNs quieted (module docstring)."""
+    for name in ("d", "m"):
+        if name in out and not (name == "d" and tid == MXFP4):  # MXFP4's d: E8M0 bytes
+            repack.quiet_snans(out[name])
+
+
 def pack_parts(parts: Sequence[tuple], ggml_type: int, k: int,
                release: Callable[[int, int], None] | None = None) -> QPanels:
     """Concatenate block rows of one type and pack them: `parts` is [(raw, order), ...] or
@@ -291,9 +262,7 @@ def pack_parts(parts: Sequence[tuple], ggml_type: int, k: int,
     n = sum(o.shape[0] for _, o in srcs)
     out = _new_panels(tid, _shapes(tid, -(-n // QPANEL), k))
     _pack_into(tid, out, srcs, release)
-    for name in ("d", "m"):
-        if name in out and out[name].dtype == np.uint16:  # fp16 scales (not MXFP4's E8M0 bytes)
-            out[name] = _scale_storage(out[name])
+    _quiet_scales(tid, out)
     return QPanels(tid, n, k, out["qs"], out["d"], out.get("m"), out.get("sc"), out.get("qh"))
 
 
@@ -315,9 +284,7 @@ def pack_stack(layers: Sequence[Sequence[tuple]], ggml_type: int, k: int,
         _pack_into(tid, {name: a[li] for name, a in out.items()}, srcs)
         if done is not None:
             done(li)
-    for name in ("d", "m"):  # a NaN scale in any layer: every layer's scales as float32 (as stack)
-        if name in out and out[name].dtype == np.uint16:
-            out[name] = _scale_storage(out[name])
+    _quiet_scales(tid, out)
     return QPanels(tid, n, k, out["qs"], out["d"], out.get("m"), out.get("sc"), out.get("qh"))
 
 
@@ -331,9 +298,7 @@ def stack(layers: Iterable[QPanels], n: int | None = None) -> QPanels:
     """Equal-shaped QPanels of one type (one per layer) -> one QPanels whose arrays have a leading
     layer axis, for the forward pass (`loaders.layer` picks one). Each layer is copied into the stack
     as it comes, so that `layers` may be an iterator of `n` layers packed on demand: packing then
-    holds the stack and one layer, not every layer twice. Scales that are uint16 in some layers and
-    float32 in others (only possible with NaN scales) are all stored as float32, widened as NumPy
-    does."""
+    holds the stack and one layer, not every layer twice."""
     n = len(layers) if n is None else n
     it = iter(layers)
     first = next(it)
@@ -350,14 +315,8 @@ def stack(layers: Iterable[QPanels], n: int | None = None) -> QPanels:
             raise ValueError("stack: the matrices differ in type or shape")
         for f in fields:
             a = getattr(q, f)
-            if a is None:
-                continue
-            if a.dtype != out[f].dtype:  # uint16 fp16 bits vs NumPy's float32 widening
-                if out[f].dtype == np.uint16:
-                    out[f] = out[f].view(np.float16).astype(np.float32)
-                else:
-                    a = a.view(np.float16).astype(np.float32)
-            out[f][count] = a
+            if a is not None:
+                out[f][count] = a
         count += 1
     if count != n:
         raise ValueError(f"stack: {count} matrices, expected {n}")
@@ -494,8 +453,8 @@ def pack_mixed(layers: Sequence[Sequence[tuple]], k: int) -> MixedPanels:
                 if not (isinstance(st, QPanels) and st.ggml_type == key and st.n == rows and st.k == k):
                     raise ValueError("pack_mixed: a segment's storage does not match its key")
                 if key not in parts:
-                    parts[key] = _empty_qpanels(key, panels[key], k, st)
-                parts[key] = _put(parts[key], fill[key], st)
+                    parts[key] = _empty_qpanels(key, panels[key], k)
+                _put(parts[key], fill[key], st)
             else:
                 want = np.uint16 if key == "f16" else np.float32
                 if not (isinstance(st, np.ndarray) and st.dtype == want and st.shape == (-(-rows // LANES), k, LANES)):
@@ -515,29 +474,13 @@ def pack_mixed(layers: Sequence[Sequence[tuple]], k: int) -> MixedPanels:
     return mixed
 
 
-def _empty_qpanels(tid: int, P: int, k: int, like: QPanels) -> QPanels:
-    """Zero quantized panels of type tid, P panels, scales of `like`'s dtype."""
-    arrays = {}
-    for name, want in _shapes(tid, P, k).items():
-        if want is not None:
-            arrays[name] = np.zeros(want[1], want[0] if want[0] is not None else getattr(like, name).dtype)
+def _empty_qpanels(tid: int, P: int, k: int) -> QPanels:
+    """Zero quantized panels of type tid, P panels."""
+    arrays = {name: np.zeros(want[1], want[0]) for name, want in _shapes(tid, P, k).items() if want is not None}
     return QPanels(tid, P * QPANEL, k, arrays["qs"], arrays["d"], arrays.get("m"), arrays.get("sc"), arrays.get("qh"))
 
 
-def _put(part: QPanels, p0: int, seg: QPanels) -> QPanels:
-    """Copy seg's panels into part at panel p0 (scales widened to float32 where the two differ: only
-    possible with NaN scales, `_scales`); returns the part (a new one when a scale array is widened)."""
-    fields = {}
-    for name in ("qs", "d", "m", "sc", "qh"):
-        a, b = getattr(part, name), getattr(seg, name)
-        if a is None:
-            fields[name] = None
-            continue
-        if a.dtype != b.dtype:  # uint16 fp16 bits vs NumPy's float32 widening
-            if a.dtype == np.uint16:
-                a = a.view(np.float16).astype(np.float32)
-            else:
-                b = b.view(np.float16).astype(np.float32)
+def _put(part: QPanels, p0: int, seg: QPanels) -> None:
+    """Copy seg's panels into part at panel p0."""
+    for a, b in zip(part.arrays(), seg.arrays()):
         a[p0:p0 + b.shape[0]] = b
-        fields[name] = a
-    return QPanels(part.ggml_type, part.n, part.k, **fields)

@@ -194,23 +194,20 @@ def pack_rows(pl: Plan, raw: np.ndarray, order: np.ndarray, r0: int, out: dict) 
 
 
 @njit(parallel=True, cache=True)
-def _bad_panels(bits, ok, flags):
-    """flags[p] = 1 where panel p of bits (P, n) holds a value v with ok[v] == 0 (no reduction across
-    threads: each panel's flag is its own)."""
+def _quiet_panels(bits):
+    """The quiet bit (0x0200) set in every signaling-NaN fp16 pattern of bits (P, n), in place."""
     for p in prange(bits.shape[0]):
-        bad = 0
         for i in range(bits.shape[1]):
-            if ok[bits[p, i]] == 0:
-                bad = 1
-        flags[p] = bad
+            v = bits[p, i]
+            if (v & 0x7C00) == 0x7C00 and (v & 0x0200) == 0 and (v & 0x01FF) != 0:
+                bits[p, i] = v | 0x0200
 
 
-def any_bad(bits: np.ndarray, ok: np.ndarray) -> bool:
-    """Whether some uint16 in `bits` (any shape, C-contiguous) has ok[value] == 0."""
-    flat = bits.reshape(bits.shape[0], -1)
-    flags = np.zeros(flat.shape[0], np.uint8)
-    _bad_panels(flat, ok, flags)
-    return bool(flags.any())
+def quiet_snans(bits: np.ndarray) -> np.ndarray:
+    """`bits` (uint16 fp16 patterns, C-contiguous, panels on the first axis) with every signaling NaN
+    quieted, in place; returns it."""
+    _quiet_panels(bits.reshape(bits.shape[0], -1))
+    return bits
 
 
 @njit(parallel=True, cache=True)
