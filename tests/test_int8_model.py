@@ -87,11 +87,11 @@ def test_cli_generate_int8(models, smollm_path):
 
 def test_gemma3_k_quants(gemma3_path):
     """Gemma 3 270M Q4_K_M: every kind in integers, the Q4_K and Q5_0 kinds, the Q8_0 table and the kinds
-    of mixed types (Q5_0+Q8_0, Q6_K+Q4_K, `intmixed.py`); logits near native's, greedy text coherent."""
+    of mixed types (Q5_0+Q8_0, Q4_K+Q6_K, `intmixed.py`); logits near native's, greedy text coherent."""
     native, int8 = (tinydet.load(gemma3_path, dtype=d, threads=2) for d in ("native", "int8"))
     st = int8.backend.storage()
     assert st["wo"] == "Q4_K:int8" and st["w13"] == "Q5_0:int8" and st["output"] == "Q8_0:int8"
-    assert st["w2"] == "Q6_K:int8+Q4_K:int8" and st["wqkv"] == "Q5_0:int8+Q8_0:int8", st
+    assert st["w2"] == "Q4_K:int8+Q6_K:int8" and st["wqkv"] == "Q5_0:int8+Q8_0:int8", st
     ids = native.prompt_ids(PROMPT)[:40]
     a, b = int8.logits(ids), native.logits(ids)
     agree = (a.argmax(axis=1) == b.argmax(axis=1)).mean()

@@ -103,9 +103,9 @@ def test_native_equals_fp32_on_requantized_stories(tmp_path, stories_path, plan)
     if plan.startswith("Q4_1 +"):
         assert (stored["tok_embeddings"], stored["output"], stored["wqkv"]) == ("Q8_0", "f16", "Q4_1")
     if plan == "mixed per layer":
-        assert stored["wqkv"] == stored["wo"] == stored["w13"] == "Q8_0+Q4_0" and stored["w2"] == "f32"
+        assert stored["wqkv"] == stored["wo"] == stored["w13"] == "Q4_0+Q8_0" and stored["w2"] == "f32"
     if plan == "mixed runs in qkv":
-        assert (stored["wqkv"], stored["wo"]) == ("Q8_0+Q4_0", "Q4_0")
+        assert (stored["wqkv"], stored["wo"]) == ("Q4_0+Q8_0", "Q4_0")
     if plan == "mixed within qkv":
         assert (stored["wqkv"], stored["wo"]) == ("f32", "Q4_1")
     if plan == "BF16":

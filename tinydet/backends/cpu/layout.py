@@ -439,6 +439,9 @@ def pack_mixed(layers: Sequence[Sequence[tuple]], k: int) -> MixedPanels:
         if n is not None and r0 != n:
             raise ValueError("pack_mixed: the layers differ in row count")
         n = r0
+    # parts in one order whatever the layers' order (quant types by id, then f16, f32): a set of types
+    # is one storage type for the kernels, compiled once, not once per order of first appearance
+    keys.sort(key=lambda key: (isinstance(key, str), str(key) if isinstance(key, str) else int(key)))
     S = max(len(segs) for segs in layers)
     table = np.zeros((len(layers), S + 1, 4), np.int64)
     parts: dict = {}

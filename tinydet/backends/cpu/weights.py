@@ -308,8 +308,8 @@ class CPUWeights:
         return w
 
     def storage(self) -> dict[str, str]:
-        """How each matrix kind is stored: "f32", "f16" or a GGML quant type name ("Q6_K+Q4_K": a kind of
-        mixed types, `MixedPanels`, its parts in order; "Q4_0:int8": computed in integers, `IntPanels`;
+        """How each matrix kind is stored: "f32", "f16" or a GGML quant type name ("Q4_K+Q6_K": a kind of
+        mixed types, `MixedPanels`, its parts by type id; "Q4_0:int8": computed in integers, `IntPanels`;
         "Q4_K:int8+Q6_K:int8": a kind of mixed types in the integer mode)."""
         def kind(m):
             if isinstance(m, (QPanels, MixedPanels, IntPanels)):

@@ -21,10 +21,9 @@ K_NAMES = frozenset(NATIVE_TYPES[t].lower() for t in K_QUANTS)
 
 
 def upload(dev, w: IntPanels, dummy) -> tuple:
-    """(kernel suffix, five device arrays (dummy where absent), flags) of IntPanels, as `products._upload`."""
+    """(kernel suffix, five device arrays (dummy where absent)) of IntPanels, as `products._upload`."""
     arrays = tuple(dummy if a is None else dev.to_device(a) for a in (w.qs, w.d, w.m, w.sc, w.qh))
-    flags = int(w.d.dtype == np.float32) | (int(w.m is not None and w.m.dtype == np.float32) << 1)
-    return PREFIX + NATIVE_TYPES[w.ggml_type].lower(), arrays, flags
+    return PREFIX + NATIVE_TYPES[w.ggml_type].lower(), arrays
 
 
 def is_int(name: str) -> bool:
@@ -77,8 +76,8 @@ def int_mm(dev, x, ints: list, out, dummy, act: ActBuffers, norm, inv, bias, epi
         dev.launch("act_quant", (-(-T * (K // B) // 128),), (128,),
                    (x, T, K, B, nw, inv if norm is not None else dummy, int(norm is not None), xq, xd, xs))
     bias_arr = dummy if bias is None else bias
-    for name, arrays, flags, p0, c0, n1 in ints:
+    for name, arrays, p0, c0, n1 in ints:
         xq, xd, xs = act.q[block_of(name)]
         tn = out_per_block(n1 - c0)
         dev.launch(f"imm_{name[len(PREFIX):]}", (-(-(n1 - c0) // tn), -(-T // IROWS)), (ITHREADS,),
-                   (xq, xd, xs, T, K, *arrays, flags, p0, c0, n1, out, out.shape[1], bias_arr, epi, tn))
+                   (xq, xd, xs, T, K, *arrays, p0, c0, n1, out, out.shape[1], bias_arr, epi, tn))

@@ -152,13 +152,11 @@ DEV float tanh32(float v) {
 // ---------------------------------------------------------------------------------------------------
 // Weights: element (n, k) of a matrix in one of the CPU backend's storages (cpu/layout.py), exactly
 // as cpu/qblocks.py computes it. `n` counts from the first output of the panels at p0; scale arrays
-// (d, m) are fp16 bits, or float32 where bit 0 (d) / bit 1 (m) of `flags` says so (MXFP4's d: E8M0 bytes).
+// (d, m) are fp16 bits (MXFP4's d: E8M0 bytes).
 
-struct W { const void *qs, *d, *m, *sc, *qh; int K, flags; i64 p0; };
+struct W { const void *qs, *d, *m, *sc, *qh; int K; i64 p0; };
 
-DEV float scale_at(const void* a, i64 i, int is_f32) {
-    return is_f32 ? ((const float*)a)[i] : f16_to_f32(((const u16*)a)[i]);
-}
+DEV float scale_at(const void* a, i64 i) { return f16_to_f32(((const u16*)a)[i]); }
 
 // Q8_0I: Q8_0 in the integer mode's layout (cpu/intpanels.py: qs (P, nb, 8, 32, 4)), for embeddings only.
 enum { F32P, F16P, F32R, F16R, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, MXFP4, Q8_0I, Q5_1 };
@@ -170,7 +168,7 @@ enum { F32P, F16P, F32R, F16R, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, MXFP4, 
 struct QB { float d, m; u32 h; };
 
 template <int KIND> DEV void qblock(const W& w, i64 p, i64 j, int b, QB& o) {
-    const int nb = w.K / 32, ns = w.K / 256, d32 = w.flags & 1, m32 = (w.flags >> 1) & 1;
+    const int nb = w.K / 32, ns = w.K / 256;
     const i64 bi = (p * nb + b) * 32 + j;
     o.m = 0.0f;
     o.h = 0u;
@@ -178,8 +176,8 @@ template <int KIND> DEV void qblock(const W& w, i64 p, i64 j, int b, QB& o) {
         u32 e = ((const unsigned char*)w.d)[bi];
         o.d = as_float(e < 2u ? 0x00200000u << e : (e - 1u) << 23);
     } else if (KIND == Q8_0 || KIND == Q8_0I || KIND == Q4_0 || KIND == Q4_1 || KIND == Q5_0 || KIND == Q5_1) {
-        o.d = scale_at(w.d, bi, d32);
-        if (KIND == Q4_1 || KIND == Q5_1) o.m = scale_at(w.m, bi, m32);
+        o.d = scale_at(w.d, bi);
+        if (KIND == Q4_1 || KIND == Q5_1) o.m = scale_at(w.m, bi);
         if (KIND == Q5_0 || KIND == Q5_1) o.h = ((const u32*)w.qh)[bi];
     } else if (KIND == Q4_K || KIND == Q5_K) {
         const int s = b / 8, jj = b % 8;
@@ -192,12 +190,12 @@ template <int KIND> DEV void qblock(const W& w, i64 p, i64 j, int b, QB& o) {
             scale = (sc[(jj + 4) * 32] & 15u) | ((sc[(jj - 4) * 32] >> 6) << 4);
             mn = (sc[(jj + 4) * 32] >> 4) | ((sc[jj * 32] >> 6) << 4);
         }
-        o.d = scale_at(w.d, (p * ns + s) * 32 + j, d32) * (float)scale;  // d * sc
-        o.m = scale_at(w.m, (p * ns + s) * 32 + j, m32) * (float)mn;  // dmin * mn
+        o.d = scale_at(w.d, (p * ns + s) * 32 + j) * (float)scale;  // d * sc
+        o.m = scale_at(w.m, (p * ns + s) * 32 + j) * (float)mn;  // dmin * mn
         if (KIND == Q5_K) o.h = ((const u32*)w.qh)[bi];
     } else {  // Q6_K: d * sc for elements 0-15 (d) and 16-31 (m)
         const int s = b / 8, jj = b % 8;
-        const float d = scale_at(w.d, (p * ns + s) * 32 + j, d32);
+        const float d = scale_at(w.d, (p * ns + s) * 32 + j);
         o.d = d * (float)((const signed char*)w.sc)[((p * ns + s) * 16 + 2 * jj) * 32 + j];
         o.m = d * (float)((const signed char*)w.sc)[((p * ns + s) * 16 + 2 * jj + 1) * 32 + j];
     }
@@ -465,20 +463,20 @@ template <int KIND> DEV void embed(const long long* ids, int T, int K, const W& 
 
 #define STORAGE_KERNELS(NAME, KIND) \
 BLOCK_KERNEL gemm_##NAME(const float* x, int T, int K, const void* qs, const void* d, const void* m, const void* sc, \
-                         const void* qh, int flags, long long p0, int c0, int n1, float* out, int ldo, \
+                         const void* qh, long long p0, int c0, int n1, float* out, int ldo, \
                          const float* nw, const float* inv, int norm, const float* bias, int epi) { \
-    W w = {qs, d, m, sc, qh, K, flags, p0}; \
+    W w = {qs, d, m, sc, qh, K, p0}; \
     gemm<KIND>(x, T, K, w, c0, n1, out, ldo, nw, inv, norm, bias, epi); \
 } \
 BLOCK_KERNEL gemv_##NAME(const float* x, int T, int K, const void* qs, const void* d, const void* m, const void* sc, \
-                         const void* qh, int flags, long long p0, int c0, int n1, float* out, int ldo, \
+                         const void* qh, long long p0, int c0, int n1, float* out, int ldo, \
                          const float* nw, int norm, float eps, const float* bias, int epi, int tn) { \
-    W w = {qs, d, m, sc, qh, K, flags, p0}; \
+    W w = {qs, d, m, sc, qh, K, p0}; \
     gemv<KIND>(x, T, K, w, c0, n1, out, ldo, nw, norm, eps, bias, epi, tn); \
 } \
 KERNEL embed_##NAME(const long long* ids, int T, int K, const void* qs, const void* d, const void* m, \
-                    const void* sc, const void* qh, int flags, long long p0, int c0, int n1, float* x) { \
-    W w = {qs, d, m, sc, qh, K, flags, p0}; \
+                    const void* sc, const void* qh, long long p0, int c0, int n1, float* x) { \
+    W w = {qs, d, m, sc, qh, K, p0}; \
     embed<KIND>(ids, T, K, w, c0, n1, x); \
 }
 
@@ -497,8 +495,8 @@ STORAGE_KERNELS(q6_k, Q6_K)
 STORAGE_KERNELS(mxfp4, MXFP4)
 
 KERNEL embed_q8_0i(const long long* ids, int T, int K, const void* qs, const void* d, const void* m,
-                   const void* sc, const void* qh, int flags, long long p0, int c0, int n1, float* x) {
-    W w = {qs, d, m, sc, qh, K, flags, p0};
+                   const void* sc, const void* qh, long long p0, int c0, int n1, float* x) {
+    W w = {qs, d, m, sc, qh, K, p0};
     embed<Q8_0I>(ids, T, K, w, c0, n1, x);
 }
 
@@ -598,7 +596,6 @@ DEV u32 mxbytes(u32 w) {
 template <int KIND> DEV void iunit(const W& w, i64 p, i64 j, int u, const int* xq, const float* xd, const int* xs,
                                    int tb, int rows, float* f) {
     const int K = w.K, nb = K / 32, kw = K / 4, k16 = K / 16;
-    const int d32 = w.flags & 1, m32 = (w.flags >> 1) & 1;
     if (!IS_K(KIND)) {
         const i64 bi = (p * nb + u) * 32 + j;
         u32 a[4], b[4];  // the block's weight bytes: elements 8g + (0, 2, 4, 6), 8g + (1, 3, 5, 7)
@@ -607,9 +604,9 @@ template <int KIND> DEV void iunit(const W& w, i64 p, i64 j, int u, const int* x
             u32 e = ((const unsigned char*)w.d)[bi];
             dw = as_float(e < 2u ? 0x00200000u << e : (e - 1u) << 23);
         } else {
-            dw = scale_at(w.d, bi, d32);
+            dw = scale_at(w.d, bi);
         }
-        if (KIND == Q4_1) mw = scale_at(w.m, bi, m32);
+        if (KIND == Q4_1) mw = scale_at(w.m, bi);
         const u32 hb = KIND == Q5_0 ? ((const u32*)w.qh)[bi] : 0u;
         for (int g = 0; g < 4; g++) {
             if (KIND == Q8_0) {  // (P, nb, 8, 32, 4) int8: words [p, u, 2g + h, j]
@@ -708,8 +705,8 @@ template <int KIND> DEV void iunit(const W& w, i64 p, i64 j, int u, const int* x
             }
         }
     }
-    const float dw = scale_at(w.d, (p * ns + u) * 32 + j, d32);
-    const float mw = KIND == Q6_K ? 0.0f : scale_at(w.m, (p * ns + u) * 32 + j, m32);
+    const float dw = scale_at(w.d, (p * ns + u) * 32 + j);
+    const float mw = KIND == Q6_K ? 0.0f : scale_at(w.m, (p * ns + u) * 32 + j);
     UNROLL for (int r = 0; r < IROWS; r++) {
         if (r < rows) {
             const float dx = xd[(i64)(tb + r) * ns + u];
@@ -759,9 +756,9 @@ template <int KIND> DEV void imm(const int* xq, const float* xd, const int* xs, 
 
 #define INT_KERNELS(NAME, KIND) \
 BLOCK_KERNEL imm_##NAME(const void* xq, const float* xd, const void* xs, int T, int K, const void* qs, const void* d, \
-                        const void* m, const void* sc, const void* qh, int flags, long long p0, int c0, int n1, \
+                        const void* m, const void* sc, const void* qh, long long p0, int c0, int n1, \
                         float* out, int ldo, const float* bias, int epi, int tn) { \
-    W w = {qs, d, m, sc, qh, K, flags, p0}; \
+    W w = {qs, d, m, sc, qh, K, p0}; \
     imm<KIND>((const int*)xq, xd, (const int*)xs, T, w, c0, n1, out, ldo, bias, epi, tn); \
 }
 

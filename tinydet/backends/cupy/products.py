@@ -29,7 +29,7 @@ def blocks(n: int, block: int = BLOCK) -> int:
 class Matrix:
     """A packed matrix kind (`CPUWeights`' float panels, QPanels, IntPanels or MixedPanels; stacked over
     layers or not) on the device, as the launches of its product: per layer, one segment per storage
-    run, (kernel suffix, (qs, d, m, sc, qh), flags, first panel, first output, end output); an integer
+    run, (kernel suffix, (qs, d, m, sc, qh), first panel, first output, end output); an integer
     part's suffix is int_<type> (`intproducts`)."""
 
     def __init__(self, dev, w, n_out: int, stacked: bool, dummy):
@@ -47,10 +47,9 @@ class Matrix:
                         segs.append((*parts[part], p0, c0, min(n_out, c1)))
                 self.segments.append(segs)
         else:
-            up = _upload(dev, w, dummy)
-            name, arrays, flags = up
-            self.segments = [[(name, tuple(a[li] if stacked and a is not dummy else a for a in arrays), flags, 0, 0,
-                               n_out)] for li in layers]
+            name, arrays = _upload(dev, w, dummy)
+            self.segments = [[(name, tuple(a[li] if stacked and a is not dummy else a for a in arrays), 0, 0, n_out)]
+                             for li in layers]
 
     def layer(self, li: int | None) -> list:
         return self.segments[0 if li is None else li]
@@ -63,17 +62,15 @@ def _n_layers(w) -> int:
 
 
 def _upload(dev, w, dummy) -> tuple:
-    """(kernel suffix, five device arrays (dummy where absent), flags) of float panels, a (rows, K)
+    """(kernel suffix, five device arrays (dummy where absent)) of float panels, a (rows, K)
     table, QPanels or IntPanels."""
     if isinstance(w, IntPanels):
         return intproducts.upload(dev, w, dummy)
     if isinstance(w, QPanels):
-        arrays = tuple(dummy if a is None else dev.to_device(a) for a in (w.qs, w.d, w.m, w.sc, w.qh))
-        flags = int(w.d.dtype == np.float32) | (int(w.m is not None and w.m.dtype == np.float32) << 1)
-        return w.type_name.lower(), arrays, flags
+        return w.type_name.lower(), tuple(dummy if a is None else dev.to_device(a) for a in (w.qs, w.d, w.m, w.sc, w.qh))
     kind = "f16" if w.dtype == np.uint16 else "f32"
     name = ("rows_" if w.ndim == 2 else "") + kind  # a (rows, K) table, or panels
-    return name, (dev.to_device(w), dummy, dummy, dummy, dummy), 0
+    return name, (dev.to_device(w), dummy, dummy, dummy, dummy)
 
 
 def _gemv_shape(T: int, K: int, N: int) -> tuple[int, int] | None:
@@ -106,15 +103,15 @@ def mm(dev, x, segments: list, out, dummy, norm=None, inv=None, bias=None, epi: 
     if ints:
         int_mm(dev, x, ints, out, dummy, act, norm, inv, bias, epi)
     bias = dummy if bias is None else bias
-    for (name, arrays, flags, p0, c0, n1), shape in zip(floats, shapes):
+    for (name, arrays, p0, c0, n1), shape in zip(floats, shapes):
         if shape is not None:
             tn, threads = shape
             dev.launch(f"gemv_{name}", (blocks(n1 - c0, tn), blocks(T, VROWS)), (threads,),
-                       (x, T, K, *arrays, flags, p0, c0, n1, out, out.shape[1], nw, int(norm is not None),
+                       (x, T, K, *arrays, p0, c0, n1, out, out.shape[1], nw, int(norm is not None),
                         np.float32(eps), bias, epi, tn))
         else:
             dev.launch(f"gemm_{name}", (blocks(n1 - c0, GT), blocks(T, GT)), (GTHREADS,),
-                       (x, T, K, *arrays, flags, p0, c0, n1, out, out.shape[1], nw,
+                       (x, T, K, *arrays, p0, c0, n1, out, out.shape[1], nw,
                         inv if norm is not None else dummy, int(norm is not None), bias, epi))
 
 
@@ -126,8 +123,8 @@ def rms_inv_rows(dev, x, eps, inv) -> None:
 
 def embed_rows(dev, ids, T: int, K: int, segments: list, out) -> None:
     """out[t] = row ids[t] of the matrix whose segments are given (`Matrix.layer`)."""
-    for name, arrays, flags, p0, c0, n1 in segments:
-        dev.launch(embed_kernel(name), (blocks(T * K),), (BLOCK,), (ids, T, K, *arrays, flags, p0, c0, n1, out))
+    for name, arrays, p0, c0, n1 in segments:
+        dev.launch(embed_kernel(name), (blocks(T * K),), (BLOCK,), (ids, T, K, *arrays, p0, c0, n1, out))
 
 
 def product(dev, x: np.ndarray, w, n_out: int, layer: int | None = None, norm=None, bias=None,
