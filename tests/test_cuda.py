@@ -40,6 +40,7 @@ from tinydet.backends.cpu import intpanels, layout
 from tinydet.backends.cpu.loaders import embed as cpu_embed
 from tinydet.backends.cpu.matmul import matmul as cpu_matmul
 from tinydet.backends.cpu.ops import rmsnorm as cpu_rmsnorm
+from tinydet.backends.cpu.storage.kinds import as_storage
 from tinydet.numerics.simd import to_f16_bits
 from tinydet.backends.cupy import HostDevice, embed, product
 from tinydet.backends.cupy import device as D
@@ -278,7 +279,7 @@ def test_int8_mixed_kinds(dev, mix, mm_path):
     segs = [[segment(name, rows, k, seed=10 * li + s) for s, (name, rows) in enumerate(layer)]
             for li, layer in enumerate(plan)]
     mp = _integer(layout.pack_mixed([[seg for seg, _ in layer] for layer in segs], k))
-    st = layout.as_storage(mp)
+    st = as_storage(mp)
     for li in range(len(plan)):
         for T in (1, 9):
             x = int_rows(T, k, li)

@@ -20,6 +20,7 @@ from tinydet.backends.cpu import layout, loaders, panelcache
 from tinydet.backends.cpu.intpanels import IntPanels
 from tinydet.backends.cpu.matmul import MM_GLU, MM_PLAIN, mm, scratch
 from tinydet.backends.cpu.ops import SILU, glu_rows
+from tinydet.backends.cpu.storage.kinds import as_storage
 from tinydet.backends.cpu.weights import _integer
 from tinydet.formats.ggml import GGML_TYPE_IDS
 
@@ -61,7 +62,7 @@ def test_each_segment_has_its_own_types_bits(mix, restore_threads):
     assert mp.type_name == "+".join(p if p in ("f16", "f32") else p + ":int8" for p in native.type_name.split("+"))
     assert any(isinstance(p, IntPanels) for p in mp.parts) and mp.nbytes == native.nbytes
     mp.check()
-    st = layout.as_storage(mp)
+    st = as_storage(mp)
     n = mp.n
     rng = np.random.default_rng(4)
     for li, layer in enumerate(segs):

@@ -22,7 +22,7 @@ from tinydet.backends.cpu import layout, loaders
 from tinydet.numerics import simd
 from tinydet.backends.cpu.matmul import MM_GLU, MM_PLAIN, matmul, mm, scratch
 from tinydet.backends.cpu.ops import SILU, glu_rows
-from tinydet.backends.cpu.storage.kinds import tag
+from tinydet.backends.cpu.storage.kinds import as_storage, tag
 from tinydet.formats.dequant import dequantize
 
 OLD = ["Q8_0", "Q4_0", "Q4_1"]
@@ -349,7 +349,7 @@ def test_jitted_entry_points():
         n, k = 70, k_for(name, 64)
         layers = [layout.pack_quantized(random_blocks(name, n, k, seed=40 + i), tid, k) for i in range(2)]
         st = layout.stack(layers)
-        w = layout.as_storage(st)
+        w = as_storage(st)
         assert len(w) == 6 and w[0] is tag("native", name)
         for T in (1, 6):
             x = rng.standard_normal((T, k)).astype(np.float32)
@@ -646,7 +646,7 @@ def test_q5_1_weights_are_gguf_dequantization():
     raw = random_blocks("Q5_1", n, k, seed=12)
     want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q5_1).astype(np.float32).reshape(n, k)
     qp = layout.pack_quantized(raw, layout.Q5_1, k)
-    assert layout.as_storage(qp)[0] is tag("native", "Q5_1")
+    assert as_storage(qp)[0] is tag("native", "Q5_1")
     rows = np.empty((n, k), np.float32)
     loaders.embed(qp, np.arange(n), rows)
     assert_same_bits(rows, want, "Q5_1 rows")
@@ -710,7 +710,7 @@ def test_mixed_kinds_equal_fp32(case, restore_threads):
     mp = layout.pack_mixed([[seg for seg, _ in layer_segs] for layer_segs in segs], k)
     n = mp.n
     assert mp.nbytes < 4 * n * k * len(plan) / 2  # mostly quantized
-    st = layout.as_storage(mp)
+    st = as_storage(mp)
     rng = np.random.default_rng(9)
     for li, layer_segs in enumerate(segs):
         w = np.concatenate([m for _, m in layer_segs])
@@ -814,7 +814,7 @@ def test_gemma3_every_matrix_kind_bit_identical(gemma3_path, restore_threads):
             layers.append(segs)
         mp = layout.pack_mixed([[(tid, rows, lambda raw=raw, tid=tid: layout.pack_quantized(raw, tid, k))
                                  for tid, rows, _, raw in segs] for segs in layers], k)
-        st = layout.as_storage(mp)
+        st = as_storage(mp)
         for li, segs in enumerate(layers):
             w = np.concatenate([dequantize(raw, tid, (rows, k)) for tid, rows, _, raw in segs])
             x = (rng.standard_normal((5, k)) * spread).astype(np.float32)

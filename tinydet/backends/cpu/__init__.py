@@ -37,8 +37,8 @@ from ...errors import TinydetError
 from ..base import Backend, Hook, KVCache, plan_batch, split_logits
 from . import forward as _fw
 from . import panelcache
-from .layout import as_storage
 from .ops import ACTIVATIONS, ATILE, rope_tables
+from .storage.kinds import as_storage
 from ...rope import inv_freq
 from .weights import DTYPES, CPUWeights
 

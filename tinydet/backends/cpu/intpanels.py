@@ -11,9 +11,8 @@ Q8_0, whose int8 quants are regrouped:
   Q8_0              qs int8 (P, nb, 8, 32, 4): [p, b, 2g + h, j, i] = quant of element 32b + 8g + 2i + h
                     of row 32p + j, the same order. 1 B/weight, as in the file.
 
-The storage tuple the kernels take (`as_storage`) is (tag, qs, d, m, sc, qh): `tag` names the kind
-("int8" and the ggml type, `storage.kinds`), the other slots are `layout.QPanels`' (None where the
-type has no such array).
+The arrays are `layout.QPanels`' (None where the type has no such array); the CPU kernels take them
+as a storage tuple tagged "int8" (`backends/cpu/storage/kinds.as_storage`).
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ import numpy as np
 
 from .layout import K_QUANTS, NATIVE_TYPES, QBLOCK, QK_K, Q4_K, Q5_0, Q5_K, Q6_K, QPanels, aligned_empty
 from ...formats.ggml import MXFP4, Q4_0, Q4_1, Q8_0
-from .storage.kinds import tag
 
 #: the types the integer mode computes in integers; others keep native mode's float path
 INT_TYPES = (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, MXFP4)
@@ -53,9 +51,6 @@ class IntPanels:
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays())
-
-    def storage(self) -> tuple:
-        return (tag("int8", NATIVE_TYPES[self.ggml_type]), self.qs, self.d, self.m, self.sc, self.qh)
 
     def check(self) -> None:
         """Raise unless the arrays have this module's layout, one matrix (the kernels read raw pointers)."""

@@ -63,7 +63,6 @@ from ...formats.ggml import GGML_TYPE_IDS, GGML_TYPES, MXFP4, Q4_0, Q4_1, Q8_0
 from ...numerics.simd import HALF as QPANEL  # rows per quantized panel: the kernels' 32-lane vectors
 from . import repack
 from ...numerics.simd import LANES
-from .storage.kinds import tag
 
 QBLOCK = 32  # elements per Q8_0 / Q4_0 / Q4_1 / Q5_0 block, and per K-quant sub-block
 QK_K = 256  # elements per K-quant super-block
@@ -133,10 +132,6 @@ class QPanels:
     def arrays(self) -> list[np.ndarray]:
         return [a for a in (self.qs, self.d, self.m, self.sc, self.qh) if a is not None]
 
-    def storage(self) -> tuple:
-        """The kernels' storage tuple (`as_storage`)."""
-        return (tag("native", self.type_name), self.qs, self.d, self.m, self.sc, self.qh)
-
     @property
     def nbytes(self) -> int:
         """Bytes a full pass over the matrix reads (padding included)."""
@@ -159,13 +154,6 @@ class QPanels:
                          and a.flags.c_contiguous)
         if not ok:
             raise ValueError("QPanels: the packed arrays do not have the quantized panel layout")
-
-
-def as_storage(w):
-    """What the kernels take for a matrix: float panels as they are, any other storage as its flat
-    tuple, whose first slot is the tag of its kind (`storage.kinds`): `QPanels` as (tag, qs, d, m, sc,
-    qh), `MixedPanels` as (tag, table, 6 slots per part), `intpanels.IntPanels` as QPanels."""
-    return w.storage() if hasattr(w, "storage") else w
 
 
 _CHUNK_ROWS = 4096  # rows packed between two release() calls
@@ -356,19 +344,10 @@ class MixedPanels:
 
     @property
     def type_name(self) -> str:
-        return "+".join(_kind_name(p) for p in self.parts)
+        return "+".join(kind_name(p) for p in self.parts)
 
     def arrays(self) -> list[np.ndarray]:
         return [a for p in self.parts for a in ([p] if isinstance(p, np.ndarray) else p.arrays())]
-
-    def storage(self) -> tuple:
-        """The kernels' storage tuple (`as_storage`): (tag, table, then 6 slots per part): a quantized
-        part's storage tuple, or float panels' tag, the panels and four Nones. A kind with parts of
-        the integer mode is of kind "int8-mixed" (`storage.intmixed`), else "mixed"."""
-        slots = [(tag(_kind_name(p)), p, None, None, None, None) if isinstance(p, np.ndarray) else p.storage()
-                 for p in self.parts]
-        kind = "int8-mixed" if any(s[0].kind == "int8" for s in slots) else "mixed"
-        return (tag(kind), self.table) + tuple(a for s in slots for a in s)
 
     @property
     def nbytes(self) -> int:
@@ -410,7 +389,8 @@ def st_panels(st) -> int:
     return st.shape[0] if isinstance(st, np.ndarray) else st.qs.shape[0]
 
 
-def _kind_name(st) -> str:
+def kind_name(st) -> str:
+    """A part's storage type name: its quantized type's, or "f16"/"f32" for float panels."""
     if not isinstance(st, np.ndarray):
         return st.type_name
     return "f16" if st.dtype == np.uint16 else "f32"

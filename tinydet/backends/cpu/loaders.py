@@ -31,9 +31,9 @@ import numpy as np
 from numba import njit
 from numba.extending import overload
 
-from .layout import QPanels, as_storage
+from .layout import QPanels
 from ...numerics.simd import LANES
-from .storage.kinds import impl
+from .storage.kinds import as_storage, impl
 from .storage.table import TABLE  # noqa: F401 (fills the table `impl` reads)
 
 

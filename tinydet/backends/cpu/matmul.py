@@ -26,10 +26,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .layout import QPanels, as_storage
+from .layout import QPanels
 from .intpanels import IntPanels
 from .loaders import act_alloc, act_rows, few_rows, quantizes, gemv_units, groups, prefill_group, tiling, units
 from .ops import glu_span
+from .storage.kinds import as_storage
 from ...numerics.simd import HALF, LANES
 
 MM_PLAIN, MM_RESIDUAL, MM_GLU = 0, 1, 2

@@ -11,7 +11,7 @@ block size alone, so every segment of one block
 size reads the same quants, whichever segments there are. Segments start at multiples of 64 outputs, so
 the work split (decode units of 32 outputs, prefill groups of 64) never straddles two.
 
-The storage tuple (kind "int8-mixed", `layout.as_storage`): (tag, table, then 6 slots per part): an
+The storage tuple (kind "int8-mixed", `kinds.as_storage`): (tag, table, then 6 slots per part): an
 integer part's own storage (tag, qs, d, m, sc, qh), a float part's (tag, panels, 4 Nones), as native's
 (`mixed.py`); the table is MixedPanels'.
 The activations the products take: (x, then xq, xd, xs of the 32-blocks, then of the 256-blocks), flat
