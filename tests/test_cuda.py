@@ -36,7 +36,7 @@ from test_native_model import PLANS, requantized
 from tinydet.backends import open_device
 from test_intdot import tricky_rows
 from test_intmixed import q4_k_m  # noqa: F401 (a fixture)
-from tinydet.backends.cpu import intpanels, layout
+from tinydet.packing import intpanels, layout
 from tinydet.backends.cpu.loaders import embed as cpu_embed
 from tinydet.backends.cpu.matmul import matmul as cpu_matmul
 from tinydet.backends.cpu.ops import rmsnorm as cpu_rmsnorm
@@ -273,7 +273,7 @@ def test_int8_mixed_kinds(dev, mix, mm_path):
     from test_intmixed import MIXES, _mixed_mm, segment
     from tinydet.backends.cpu.matmul import MM_PLAIN
     from tinydet.backends.cpu.ops import SILU
-    from tinydet.backends.cpu.weights import _integer
+    from tinydet.packing.weights import _integer
 
     k, plan = MIXES[mix]
     segs = [[segment(name, rows, k, seed=10 * li + s) for s, (name, rows) in enumerate(layer)]

@@ -16,12 +16,13 @@ import tinydet
 from benchmods import bench_module
 from test_intdot import tricky_rows
 from test_native import assert_same_bits, fp32_product, mixed_segment, random_blocks
-from tinydet.backends.cpu import layout, loaders, panelcache
-from tinydet.backends.cpu.intpanels import IntPanels
+from tinydet.backends.cpu import loaders
+from tinydet.packing import layout, panelcache
+from tinydet.packing.intpanels import IntPanels
 from tinydet.backends.cpu.matmul import MM_GLU, MM_PLAIN, mm, scratch
 from tinydet.backends.cpu.ops import SILU, glu_rows
 from tinydet.backends.cpu.storage.kinds import as_storage
-from tinydet.backends.cpu.weights import _integer
+from tinydet.packing.weights import _integer
 from tinydet.formats.ggml import GGML_TYPE_IDS
 
 K_TYPES = ("Q4_K", "Q5_K", "Q6_K")

@@ -20,6 +20,7 @@ FLOORS = (
     ("arch",),  # architectures as data
     ("formats",),  # model files in, read through the specs
     ("registry",),  # known models' names to files, fetched and checked
+    ("packing",),  # a checkpoint's matrices packed into panels, for either backend
     ("backends",),  # the forward pass on a device
     ("memory", "engine"),  # whether a load fits; the step-wise engine
     ("api",),
@@ -172,7 +173,7 @@ def test_no_import_runs_up_a_floor_in_the_package():
 
 def test_cli_dtypes_are_the_backends():
     """The CLI spells the dtype list itself (parsing must not import numba); it must be the backend's."""
-    from tinydet.backends.cpu.weights import DTYPES
+    from tinydet.packing.weights import DTYPES
     from tinydet.cli.common import DTYPES as CLI_DTYPES
 
     assert CLI_DTYPES == DTYPES

@@ -1,4 +1,4 @@
-"""Native quantized storage (backends/cpu: layout.py's quantized panels, read by loaders.py): products
+"""Native quantized storage (packing/layout.py's quantized panels, read by backends/cpu/loaders.py): products
 straight from Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/Q5_K/Q6_K blocks must be bit-identical to the matrix product
 over the exactly dequantized matrix, at every thread count, token count and row permutation, on random
 blocks, on the real SmolLM2 file and on every kind of matrix of the real Gemma 3 270M Q4_K_M file; so
@@ -18,7 +18,8 @@ import pytest
 from tinydet.formats.ggml import GGML_TYPE_IDS, GGML_TYPES
 from tinydet.formats.gguf import GGUFFile
 from tinydet.formats.gguf_model import rope_row_order
-from tinydet.backends.cpu import layout, loaders
+from tinydet.backends.cpu import loaders
+from tinydet.packing import layout
 from tinydet.numerics import simd
 from tinydet.backends.cpu.matmul import MM_GLU, MM_PLAIN, matmul, mm, scratch
 from tinydet.backends.cpu.ops import SILU, glu_rows
@@ -415,7 +416,7 @@ def test_generic_x86_64_target_gives_the_same_bits(tmp_path):
     script = tmp_path / "gen.py"
     script.write_text(
         "import sys, numpy as np, tinydet\n"
-        "from tinydet.backends.cpu import layout\n"
+        "from tinydet.packing import layout\n"
         "from tinydet.backends.cpu.matmul import matmul\n"
         "from tinydet.formats.ggml import GGML_TYPE_IDS\n"
         "sys.path.insert(0, sys.argv[1])\n"

@@ -361,7 +361,7 @@ def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: i
     `device` is "cpu", or "cuda" / "cuda:N" for an NVIDIA GPU through CuPy (the CPU's bits; weights are
     packed in host memory, then copied), or "cuda-host" (the GPU's kernels emulated on the CPU, slowly).
     `panel_cache` keeps a GGUF file's packed weights on disk after the first load and maps them on
-    later ones (`backends/cpu/panelcache.py`); False, or (when it is None) TINYDET_NO_PANEL_CACHE=1,
+    later ones (`packing/panelcache.py`); False, or (when it is None) TINYDET_NO_PANEL_CACHE=1,
     turns that off. `speculative` ("ngram", a dtype, a draft model) sets `Model.speculative`."""
     from .registry import DEFAULT_MODEL, resolve_model
 
@@ -378,7 +378,7 @@ def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: i
         check_memory = os.environ.get(memory.ENV_OVERRIDE, "") in ("", "0")
     if check_memory:
         memory.check_memory(ck.path, ck.config, ck.tensors, dtype)
-    from .backends.cpu import panelcache
+    from .packing import panelcache
 
     source = ck.path if dev is None and ck.format == "gguf" and panelcache.enabled(panel_cache) else None
     return Model(ck.path, load_backend(dev, ck.config, ck.tensors, dtype, threads, source, progress), ck.tokenizer,

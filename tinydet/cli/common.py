@@ -18,8 +18,8 @@ from click.core import ParameterSource
 
 # The command line is parsed after `tinydet.api` is imported (cli/__init__.py), numba and the kernels'
 # modules with it: the dtypes and native's types are named by their homes.
-from ..backends.cpu.layout import NATIVE_TYPES
-from ..backends.cpu.weights import DTYPES
+from ..packing.layout import NATIVE_TYPES
+from ..packing.weights import DTYPES
 from ..errors import TinydetError
 
 _ESCAPE = re.compile(r"""\\(?:([ntr\\"'])|x([0-9A-Fa-f]{2})|u([0-9A-Fa-f]{4})|U([0-9A-Fa-f]{8}))""")

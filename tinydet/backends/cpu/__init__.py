@@ -1,20 +1,18 @@
 """The CPU backend: numba kernels that keep the determinism contract (docs/determinism.md).
 
-  layout.py   float panels and quantized panels
   qblocks.py  GGUF's quantized blocks read as float32 vectors
   loaders.py  how the matrix product reads each storage type: one dispatch by the storage's kind
   storage/    the kinds (float panels, native blocks, mixed, int8, int8-mixed), a module each, one table
   actq.py     activations to 8-bit blocks, for the integer mode (dtype "int8")
   intdot.py   the integer mode's block dot products (VNNI, AVX2, generic lowerings of one rule)
-  intpanels.py the integer mode's weight layout (the native panels; Q8_0's quants regrouped)
   tiles.py    rows times a panel's outputs, shared by every storage type; tile shapes per vector unit
   matmul.py   the one matrix product
   ops.py      RMSNorm, RoPE, attention, activations
   gqa.py      attention for the query heads of one KV group at once (AVX-512)
   forward.py  the one forward pass (an op hook traces it or injects faults)
-  weights.py  a checkpoint packed for a dtype
-  repack.py   the packers' kernels (GGUF blocks and F16 rows moved into panels, in parallel)
-  panelcache.py  packed panels kept on disk, checked, and mapped on later loads
+
+The weights come packed from `packing/` (the layouts, their packers and the panel cache, shared with
+the GPU backend); `storage/` is how these kernels take them.
 
 The kernels build on `numerics/` (the vector layer, tinydet's own exp, log, sin, cos, tanh), imported
 first: it points numba's cache at a directory keyed by these sources and its own.
@@ -34,13 +32,13 @@ import numpy as np
 from ... import numerics  # noqa: F401  (first: numba's cache directory, before any kernel here is compiled)
 from ...config import MOE_GATINGS, ModelConfig
 from ...errors import TinydetError
+from ...packing import panelcache
+from ...packing.weights import DTYPES, CPUWeights
 from ..base import Backend, Hook, KVCache, plan_batch, split_logits
 from . import forward as _fw
-from . import panelcache
 from .ops import ACTIVATIONS, ATILE, rope_tables
 from .storage.kinds import as_storage
 from ...rope import inv_freq
-from .weights import DTYPES, CPUWeights
 
 
 def on_first_compile(callback) -> None:

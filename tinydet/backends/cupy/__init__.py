@@ -9,7 +9,7 @@ CPU's bits: the same golden hashes, any batch, any chunking. Around those chains
 GPU's: the products tiled through shared memory (gemm) or reading each weight once for a few rows
 (gemv), attention a thread block per row and head, and without a hook the small steps fused into
 their neighbours (`CudaBackend._pass`). The weights are the CPU backend's packed weights
-(`cpu.weights.CPUWeights`: the same panels, quantized blocks dequantized inside the kernels), copied to
+(`packing.weights.CPUWeights`: the same panels, quantized blocks dequantized inside the kernels), copied to
 the device; in dtype "int8" the integer kinds' products are the CPU's integer block dots (`intproducts`:
 activations quantized per block, `__dp4a`, each output the Kahan sum of its blocks' terms in order).
 Decode steps (one token per item, no hook) on a GPU replay a CUDA graph captured on the first step of
@@ -31,7 +31,7 @@ from ...errors import MemoryLimitError, TinydetError
 from ...rope import inv_freq
 from ..base import OPS, Backend, Hook, KVCache, plan_batch, split_logits
 from ..cpu.ops import GELU_B, GELU_K, ACTIVATIONS, ATILE, rope_tables
-from ..cpu.weights import DTYPES, MATRICES, CPUWeights
+from ...packing.weights import DTYPES, MATRICES, CPUWeights
 from .device import CudaDevice, HostDevice
 from .intproducts import ActBuffers
 from .products import AMAX_HD, BLOCK, Matrix, blocks, embed, embed_rows, mm, product, rms_inv_rows

@@ -1,5 +1,5 @@
-"""The integer mode's kinds of mixed types (dtype "int8"): a `layout.MixedPanels` whose quantized parts
-are `intpanels.IntPanels` (a Q4_K_M file's wqkv, q and k Q4_K with v Q6_K in some layers; its ffn_down
+"""The integer mode's kinds of mixed types (dtype "int8"): a `packing.layout.MixedPanels` whose quantized parts
+are `packing.intpanels.IntPanels` (a Q4_K_M file's wqkv, q and k Q4_K with v Q6_K in some layers; its ffn_down
 Q4_K in some layers and Q6_K in others; [wq; wk] Q5_0 with wv Q8_0).
 
 Each segment is computed as a matrix of its own type alone would be in this mode: an integer part by

@@ -1,12 +1,13 @@
 """A storage kind as a numba type: the tag that every storage tuple carries in its first slot.
 
-What the kernels take for a matrix (`as_storage`, from the packed weights) is float panels, an array whose numba type
-(float32 or uint16 elements) is its kind, or a flat tuple whose first slot is a `Kind`, a value with
-no data (`Kind`) whose numba type `StorageKind` names the kind (and, for quantized kinds, the ggml type):
+What the kernels take for a packed matrix (`as_storage`, from `packing/`'s panels) is float panels,
+an array whose numba type (float32 or uint16 elements) is its kind, or a flat tuple whose first slot
+is a `Kind`, a value with no data (`Kind`) whose numba type `StorageKind` names the kind (and, for
+quantized kinds, the ggml type):
 
-  ("native", Q4_1)   (tag, qs, d, m, sc, qh)      `layout.QPanels`' arrays, None where the type has none
-  ("int8", Q4_1)     (tag, qs, d, m, sc, qh)      `intpanels.IntPanels`' arrays
-  ("mixed",)         (tag, table, 6 slots per part)   `layout.MixedPanels`: each part a quantized
+  ("native", Q4_1)   (tag, qs, d, m, sc, qh)      `QPanels`' arrays, None where the type has none
+  ("int8", Q4_1)     (tag, qs, d, m, sc, qh)      `IntPanels`' arrays
+  ("mixed",)         (tag, table, 6 slots per part)   `MixedPanels`: each part a quantized
   ("int8-mixed",)                                      storage, or (f32/f16 tag, panels, 4 Nones)
 
 The tuples are flat because numba's parallel regions take no nested tuples. Every interface function
@@ -23,8 +24,8 @@ from numba import types
 from numba.core.imputils import lower_constant
 from numba.extending import NativeValue, models, register_model, typeof_impl, unbox
 
-from ..intpanels import IntPanels
-from ..layout import NATIVE_TYPES, MixedPanels, QPanels, kind_name
+from ....packing.intpanels import IntPanels
+from ....packing.layout import NATIVE_TYPES, MixedPanels, QPanels, kind_name
 
 
 class StorageKind(types.Opaque):
