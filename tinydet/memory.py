@@ -26,8 +26,7 @@ def weight_bytes(tensors: dict, dtype: str) -> int:
     the file's own bytes for a type the kernels read as stored (quantized blocks, F16), else 4. A
     layer's fused matrices ([wq; wk; wv], [w1; w3]; a mixture's router and each expert's) and the output
     round their rows up to whole 64-row panels, as the backend packs them. A tied output (the embedding's object) counts once."""
-    from .packing.layout import NATIVE_TYPES
-    from .packing.weights import MATRICES
+    from .packing.names import MATRICES, NATIVE_TYPES
     from .formats.ggml import F16, row_bytes
 
     def nbytes(t, rows: int) -> int:  # t's bytes, its row count taken as `rows`

@@ -2,6 +2,7 @@
 memory, the GPU backend copies them to the device as they are. Layout only: packing moves bytes and
 rounds nothing but fp16's one rounding at load.
 
+  names.py       the dtypes, the matrix kinds and native's types, by name (no numba: the CLI reads them)
   layout.py      float panels and quantized panels (GGUF's blocks, rows side by side), kinds of mixed types
   intpanels.py   the integer mode's layout (the native panels; Q8_0's quants regrouped)
   repack.py      the packers' kernels (GGUF blocks and F16 rows moved into panels, in parallel)

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .layout import K_QUANTS, NATIVE_TYPES, QBLOCK, QK_K, Q4_K, Q5_0, Q5_K, Q6_K, QPanels, aligned_empty
+from .layout import K_QUANTS, QBLOCK, QK_K, Q4_K, Q5_0, Q5_K, Q6_K, QPanels, aligned_empty
 from ..formats.ggml import MXFP4, Q4_0, Q4_1, Q8_0
+from .names import NATIVE_TYPES
 
 #: the types the integer mode computes in integers; others keep native mode's float path
 INT_TYPES = (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, MXFP4)

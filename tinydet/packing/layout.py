@@ -64,14 +64,12 @@ from ..formats.ggml import GGML_TYPE_IDS, GGML_TYPES, MXFP4, Q4_0, Q4_1, Q8_0
 from ..numerics.simd import HALF as QPANEL  # rows per quantized panel: the kernels' 32-lane vectors
 from . import repack
 from ..numerics.simd import LANES
+from .names import NATIVE_TYPES
 
 QBLOCK = 32  # elements per Q8_0 / Q4_0 / Q4_1 / Q5_0 block, and per K-quant sub-block
 QK_K = 256  # elements per K-quant super-block
 Q5_0, Q5_1, Q4_K, Q5_K, Q6_K = (GGML_TYPE_IDS[t] for t in ("Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"))
 K_QUANTS = (Q4_K, Q5_K, Q6_K)
-
-#: ggml type ids the native path handles -> type name.
-NATIVE_TYPES = {t: GGML_TYPES[t].name for t in (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, MXFP4)}
 
 
 def aligned_empty(shape, dtype, align: int = 64) -> np.ndarray:

@@ -23,18 +23,13 @@ import numpy as np
 from ..config import ModelConfig
 from ..formats import Tensor
 from ..formats.ggml import F16
-from .layout import (LANES, NATIVE_TYPES, MixedPanels, QPanels, aligned_empty, layer_of, pack_mixed, pack_panels,
+from .layout import (LANES, MixedPanels, QPanels, aligned_empty, layer_of, pack_mixed, pack_panels,
                      pack_parts, pack_stack)
 from . import repack
 from .intpanels import INT_TYPES, IntPanels, from_qpanels
+from .names import MATRICES, MOE_MATRICES, NATIVE_TYPES
 from ..numerics.simd import to_f16_bits
 
-DTYPES = ("fp32", "fp16", "native", "int8")
-MATRICES = (("wqkv", ("wq", "wk", "wv")), ("wo", ("wo",)), ("w13", ("w1", "w3")), ("w2", ("w2",)))
-# A mixture of experts' matrix kinds (ModelConfig.n_experts) in place of w13 and w2: the router stacked
-# over layers, each expert's [w1; w3] and w2 stacked over (layer, expert), layer l's expert e at
-# l * n_experts + e.
-MOE_MATRICES = (("router", ("router",)), ("w13e", ("w1", "w3")), ("w2e", ("w2",)))
 _PACK_ROWS = 4096  # rows dequantized and packed at a time (bounds the float32 temporaries)
 
 

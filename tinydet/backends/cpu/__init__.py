@@ -33,7 +33,8 @@ from ... import numerics  # noqa: F401  (first: numba's cache directory, before 
 from ...config import MOE_GATINGS, ModelConfig
 from ...errors import TinydetError
 from ...packing import panelcache
-from ...packing.weights import DTYPES, CPUWeights
+from ...packing.names import DTYPES
+from ...packing.weights import CPUWeights
 from ..base import Backend, Hook, KVCache, plan_batch, split_logits
 from . import forward as _fw
 from .ops import ACTIVATIONS, ATILE, rope_tables

@@ -31,7 +31,8 @@ from ...errors import MemoryLimitError, TinydetError
 from ...rope import inv_freq
 from ..base import OPS, Backend, Hook, KVCache, plan_batch, split_logits
 from ..cpu.ops import GELU_B, GELU_K, ACTIVATIONS, ATILE, rope_tables
-from ...packing.weights import DTYPES, MATRICES, CPUWeights
+from ...packing.names import DTYPES, MATRICES
+from ...packing.weights import CPUWeights
 from .device import CudaDevice, HostDevice
 from .intproducts import ActBuffers
 from .products import AMAX_HD, BLOCK, Matrix, blocks, embed, embed_rows, mm, product, rms_inv_rows

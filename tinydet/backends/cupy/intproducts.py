@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...packing.intpanels import IntPanels
-from ...packing.layout import K_QUANTS, NATIVE_TYPES
+from ...packing.layout import K_QUANTS
+from ...packing.names import NATIVE_TYPES
 
 IROWS, IOUT, ITHREADS = 8, 32, 256  # kernels.cu IROWS, IOUT (the largest tn), ITHREADS
 PREFIX = "int_"  # a segment's kernel suffix for an integer part: int_<type>

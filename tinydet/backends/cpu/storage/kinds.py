@@ -25,7 +25,8 @@ from numba.core.imputils import lower_constant
 from numba.extending import NativeValue, models, register_model, typeof_impl, unbox
 
 from ....packing.intpanels import IntPanels
-from ....packing.layout import NATIVE_TYPES, MixedPanels, QPanels, kind_name
+from ....packing.layout import MixedPanels, QPanels, kind_name
+from ....packing.names import NATIVE_TYPES
 
 
 class StorageKind(types.Opaque):
