@@ -28,8 +28,7 @@ import numpy as np
 
 from ...config import ModelConfig
 from ...errors import MemoryLimitError, TinydetError
-from ...rope import inv_freq
-from ..base import OPS, Backend, Hook, KVCache, plan_batch, split_logits
+from ..base import OPS, AttentionSetup, Backend, Hook, KVCache, plan_batch, split_logits
 from ..cpu.ops import GELU_B, GELU_K, ACTIVATIONS, ATILE, rope_tables
 from ...packing.names import DTYPES, MATRICES
 from ...packing.weights import CPUWeights
@@ -157,14 +156,10 @@ class CudaBackend(Backend):
             self._vec = {name: dev.to_device(getattr(w, name)) for name in (
                 "attn_norm", "ffn_norm", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm", "bqkv", "norm")}
         del w
-        ropes = list(dict.fromkeys((cfg.rope,) + cfg.layer_ropes))
-        self._inv_freq = [inv_freq(r, cfg.head_dim) for r in ropes]
-        self._layer_rope = [ropes.index(cfg.rope_of(i)) for i in range(cfg.n_layers)]
-        self._windows = [cfg.window(i) for i in range(cfg.n_layers)]
+        self._att = AttentionSetup.of(cfg)
         self._rope_n = 0
         self._cos = self._sin = None
         self._eps = np.float32(cfg.rms_eps)
-        self._scale = np.float32(cfg.attn_scale if cfg.attn_scale is not None else 1.0 / np.sqrt(cfg.head_dim))
         self._act = ACTIVATIONS[cfg.activation]
         self.graphs = hasattr(dev, "stream") and os.environ.get("TINYDET_CUDA_GRAPHS", "1") != "0"
 
@@ -188,7 +183,7 @@ class CudaBackend(Backend):
         n = max(n_pos, min(2 * self._rope_n, self.config.context_length))
         half = self.config.head_dim // 2
         cos, sin = [], []
-        for f in self._inv_freq:
+        for f in self._att.inv_freq:
             c, s = np.empty((n, half), np.float32), np.empty((n, half), np.float32)
             rope_tables(n, f, c, s)
             cos.append(self.dev.to_device(c))
@@ -307,7 +302,7 @@ class CudaBackend(Backend):
             self._see(hook, li, Q, pos, slots, qkv, 0, q_dim)
             self._see(hook, li, K, pos, slots, qkv, q_dim, q_dim + kv_dim)
             self._see(hook, li, V, pos, slots, qkv, q_dim + kv_dim, q_dim + 2 * kv_dim)
-            r = self._layer_rope[li]
+            r = self._att.layer_rope[li]
             qn, kn = v["q_norm"], v["k_norm"]
             dev.launch("rope_store", (blocks(T * (H + cfg.n_kv_heads)),), (BLOCK,),
                        (qkv, T, q_dim, kv_dim, hd, self._cos[r], self._sin[r], ws.pos, ws.slots, kc, vc, half, tiles,
@@ -318,7 +313,7 @@ class CudaBackend(Backend):
                 keys = dev.to_host(kc[ws.slots, :, ws.pos // ATILE, :, ws.pos % ATILE])
                 keys = keys.view(np.float16).astype(np.float32) if half else np.array(keys, np.float32)
                 hook(li, ROPE_K, pos, slots, np.ascontiguousarray(keys.reshape(T, kv_dim)))
-            self._attention(ws, kc, vc, half, tiles, cache.capacity, self._windows[li])
+            self._attention(ws, kc, vc, half, tiles, cache.capacity, self._att.windows[li])
             self._see(hook, li, ATTENTION, pos, slots, ws.att)
             self._project(ws.att, "wo", li, v["post_attn_norm"], hook, (ATTN_OUTPUT, POST_ATTN_NORM, ATTN_RESIDUAL),
                           ws, pos, slots)
@@ -365,5 +360,5 @@ class CudaBackend(Backend):
         T, H, hd = ws.T, cfg.n_heads, cfg.head_dim
         threads = max(BLOCK, -(-(hd + 1) // 32) * 32)  # a thread per d and one for the denominator
         self.dev.launch("attend", (T * H,), (threads,),
-                        (ws.q, T, H, cfg.n_kv_heads, hd, kc, vc, half, tiles, cap, ws.pos, ws.slots, self._scale,
+                        (ws.q, T, H, cfg.n_kv_heads, hd, kc, vc, half, tiles, cap, ws.pos, ws.slots, self._att.scale,
                          window, ws.att))
