@@ -20,6 +20,7 @@ What only a GPU can check (NVRTC's code running there, speed) is tools/gpu_check
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import sys
@@ -409,6 +410,21 @@ def test_tiny_architectures(tiny_archs, arch):
 def test_tiny_architectures_int8(tiny_archs, arch):
     cpu, gpu = cpu_and_gpu(tiny_archs[arch][1], "int8")
     assert any(":int8" in v for v in cpu.backend.storage().values())
+    text = "The quick brown fox jumps over the lazy dog, and the dog does not mind: it is a lazy dog."
+    check_same_logits(cpu, gpu, cpu.tokenize(text), chunks=(3,))
+
+
+def test_yarn_attention_factor(tmp_path):
+    """A YaRN RoPE (Qwen3's long-context setting in config.json) multiplies cos and sin by its attention
+    factor (0.1 ln 4 + 1 here) on the GPU as on the CPU: the same tables, the CPU's bits."""
+    import qwen2gen
+
+    made = qwen2gen.write_hf_dir(tmp_path / "qwen3", arch="qwen3")
+    cfg = json.loads((made / "config.json").read_text())
+    cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+    (made / "config.json").write_text(json.dumps(cfg))
+    cpu, gpu = cpu_and_gpu(made, "fp32")
+    assert cpu.config.rope.attention_factor > 1.1
     text = "The quick brown fox jumps over the lazy dog, and the dog does not mind: it is a lazy dog."
     check_same_logits(cpu, gpu, cpu.tokenize(text), chunks=(3,))
 

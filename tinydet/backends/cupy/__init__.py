@@ -176,19 +176,15 @@ class CudaBackend(Backend):
     # -----------------------------------------------------------------------------------------------
 
     def _rope(self, n_pos: int) -> None:
-        """cos/sin tables (one per distinct RoPE) of at least n_pos positions on the device, computed on
-        the host as the CPU backend computes them. Rows depend only on their position."""
+        """cos/sin tables (one per distinct RoPE) of at least n_pos positions on the device: the CPU
+        backend's (`AttentionSetup.rope_rows`, YaRN's factor included), computed on the host. Rows depend
+        only on their position."""
         if self._rope_n >= n_pos:
             return
         n = max(n_pos, min(2 * self._rope_n, self.config.context_length))
-        half = self.config.head_dim // 2
-        cos, sin = [], []
-        for f in self._att.inv_freq:
-            c, s = np.empty((n, half), np.float32), np.empty((n, half), np.float32)
-            rope_tables(n, f, c, s)
-            cos.append(self.dev.to_device(c))
-            sin.append(self.dev.to_device(s))
-        self._cos, self._sin, self._rope_n = cos, sin, n
+        cos, sin = self._att.rope_rows(n, rope_tables)
+        self._cos, self._sin = [self.dev.to_device(c) for c in cos], [self.dev.to_device(s) for s in sin]
+        self._rope_n = n
 
     def forward_batch(self, items: Sequence[tuple], cache: CudaKVCache, all_logits: bool = False,
                       hook: Hook | None = None) -> list[np.ndarray | None]:
