@@ -22,8 +22,8 @@ goes as far as its stage:
 Each stage reports VmRSS from /proc/self/status (with its anonymous and file-backed parts: file
 pages are the mapped model and the shared libraries' code) and VmHWM, the peak so far (the same as
 ru_maxrss). The peak of the run worker is the figure of the whole job: load plus run. A worker
-that had to compile kernels (numba's cache was cold: the first run after an edit of numerics/ or
-backends/cpu/) peaks higher; it is run again, and the warm figures are reported.
+that had to compile kernels (numba's cache was cold: the first run after an edit of numerics/,
+packing/ or backends/cpu/) peaks higher; it is run again, and the warm figures are reported.
 
 --trace adds one more worker that runs `open` under tracemalloc (which costs memory of its own, so
 its RSS is not reported): the Python objects (NumPy's arrays included) alive after opening and at

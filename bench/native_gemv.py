@@ -24,7 +24,7 @@ import numpy as np
 
 import tinydet  # noqa: F401,I001  (first: sizes numba's thread pool)
 import numba  # noqa: E402
-from tinydet.backends.cpu import layout
+from tinydet.packing import layout
 from tinydet.backends.cpu.matmul import matmul
 from tinydet.numerics.simd import to_f16_bits
 from tinydet.formats.dequant import dequantize

@@ -28,7 +28,8 @@ import numpy as np
 import tinydet  # noqa: F401,I001  (first: sizes numba's thread pool)
 import numba  # noqa: E402
 from numba import njit, prange  # noqa: E402
-from tinydet.backends.cpu import layout, tiles  # noqa: E402
+from tinydet.backends.cpu import tiles  # noqa: E402
+from tinydet.packing import layout  # noqa: E402
 from tinydet.backends.cpu.matmul import chunk_range, split_chunks  # noqa: E402
 from tinydet.numerics.simd import target_isa, to_f16_bits, v_load, v_store  # noqa: E402
 

@@ -1,13 +1,13 @@
 """The NumPy quantized-panel packer that `layout.pack_parts` used before its numba kernel
-(`backends/cpu/repack.py`), kept as the reference the kernel is held to, byte for byte: the same
+(`packing/repack.py`), kept as the reference the kernel is held to, byte for byte: the same
 regrouping written another way (whole-array shifts, reductions and transposes)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from tinydet.backends.cpu import layout
-from tinydet.backends.cpu.layout import K_QUANTS, MXFP4, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QBLOCK, QK_K, QPANEL
+from tinydet.packing import layout
+from tinydet.packing.layout import K_QUANTS, MXFP4, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QBLOCK, QK_K, QPANEL
 from tinydet.formats.ggml import GGML_TYPES
 
 _NIBBLE_SHIFTS = np.arange(0, 32, 4, dtype=np.uint32)

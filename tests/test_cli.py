@@ -165,7 +165,7 @@ def test_help_hides_the_old_spellings():
 
 
 def test_dtype_help_names_native_types():
-    from tinydet.backends.cpu.layout import NATIVE_TYPES
+    from tinydet.packing.names import NATIVE_TYPES
 
     out = " ".join(CliRunner().invoke(main, ["generate", "--help"]).output.split())
     assert ", ".join(NATIVE_TYPES.values()) in out and "Q6_K" in out and "MXFP4" in out

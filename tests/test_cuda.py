@@ -20,6 +20,7 @@ What only a GPU can check (NVRTC's code running there, speed) is tools/gpu_check
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import sys
@@ -36,10 +37,11 @@ from test_native_model import PLANS, requantized
 from tinydet.backends import open_device
 from test_intdot import tricky_rows
 from test_intmixed import q4_k_m  # noqa: F401 (a fixture)
-from tinydet.backends.cpu import intpanels, layout
+from tinydet.packing import intpanels, layout
 from tinydet.backends.cpu.loaders import embed as cpu_embed
 from tinydet.backends.cpu.matmul import matmul as cpu_matmul
 from tinydet.backends.cpu.ops import rmsnorm as cpu_rmsnorm
+from tinydet.backends.cpu.storage.kinds import as_storage
 from tinydet.numerics.simd import to_f16_bits
 from tinydet.backends.cupy import HostDevice, embed, product
 from tinydet.backends.cupy import device as D
@@ -272,13 +274,13 @@ def test_int8_mixed_kinds(dev, mix, mm_path):
     from test_intmixed import MIXES, _mixed_mm, segment
     from tinydet.backends.cpu.matmul import MM_PLAIN
     from tinydet.backends.cpu.ops import SILU
-    from tinydet.backends.cpu.weights import _integer
+    from tinydet.packing.weights import _integer
 
     k, plan = MIXES[mix]
     segs = [[segment(name, rows, k, seed=10 * li + s) for s, (name, rows) in enumerate(layer)]
             for li, layer in enumerate(plan)]
     mp = _integer(layout.pack_mixed([[seg for seg, _ in layer] for layer in segs], k))
-    st = layout.as_storage(mp)
+    st = as_storage(mp)
     for li in range(len(plan)):
         for T in (1, 9):
             x = int_rows(T, k, li)
@@ -408,6 +410,21 @@ def test_tiny_architectures(tiny_archs, arch):
 def test_tiny_architectures_int8(tiny_archs, arch):
     cpu, gpu = cpu_and_gpu(tiny_archs[arch][1], "int8")
     assert any(":int8" in v for v in cpu.backend.storage().values())
+    text = "The quick brown fox jumps over the lazy dog, and the dog does not mind: it is a lazy dog."
+    check_same_logits(cpu, gpu, cpu.tokenize(text), chunks=(3,))
+
+
+def test_yarn_attention_factor(tmp_path):
+    """A YaRN RoPE (Qwen3's long-context setting in config.json) multiplies cos and sin by its attention
+    factor (0.1 ln 4 + 1 here) on the GPU as on the CPU: the same tables, the CPU's bits."""
+    import qwen2gen
+
+    made = qwen2gen.write_hf_dir(tmp_path / "qwen3", arch="qwen3")
+    cfg = json.loads((made / "config.json").read_text())
+    cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+    (made / "config.json").write_text(json.dumps(cfg))
+    cpu, gpu = cpu_and_gpu(made, "fp32")
+    assert cpu.config.rope.attention_factor > 1.1
     text = "The quick brown fox jumps over the lazy dog, and the dog does not mind: it is a lazy dog."
     check_same_logits(cpu, gpu, cpu.tokenize(text), chunks=(3,))
 

@@ -1,6 +1,6 @@
-"""The integer mode (dtype "int8": backends/cpu/actq.py, intdot.py, intpanels.py) against the independent
-NumPy reference of its rules (intref.py), bit for bit: activation quantization (ties, zero blocks,
-extremes, non-finite values), every type's product (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, MXFP4) at every
+"""The integer mode (dtype "int8": backends/cpu/actq.py, intdot.py; packing/intpanels.py) against the
+independent NumPy reference of its rules (intref.py), bit for bit: activation quantization (ties, zero
+blocks, extremes, non-finite values), every type's product (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, MXFP4) at every
 token count and thread count, the worst case magnitudes, and the generic and AVX2 builds."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import pytest
 
 import intref
 from test_native import assert_same_bits, random_blocks
-from tinydet.backends.cpu import actq, intpanels, layout
+from tinydet.backends.cpu import actq
+from tinydet.packing import intpanels, layout
 from tinydet.backends.cpu.matmul import matmul
 from tinydet.formats.dequant import dequantize
 from tinydet.formats.ggml import GGML_TYPE_IDS

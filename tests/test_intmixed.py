@@ -16,11 +16,13 @@ import tinydet
 from benchmods import bench_module
 from test_intdot import tricky_rows
 from test_native import assert_same_bits, fp32_product, mixed_segment, random_blocks
-from tinydet.backends.cpu import layout, loaders, panelcache
-from tinydet.backends.cpu.intpanels import IntPanels
+from tinydet.backends.cpu import loaders
+from tinydet.packing import layout, panelcache
+from tinydet.packing.intpanels import IntPanels
 from tinydet.backends.cpu.matmul import MM_GLU, MM_PLAIN, mm, scratch
 from tinydet.backends.cpu.ops import SILU, glu_rows
-from tinydet.backends.cpu.weights import _integer
+from tinydet.backends.cpu.storage.kinds import as_storage
+from tinydet.packing.weights import _integer
 from tinydet.formats.ggml import GGML_TYPE_IDS
 
 K_TYPES = ("Q4_K", "Q5_K", "Q6_K")
@@ -61,7 +63,7 @@ def test_each_segment_has_its_own_types_bits(mix, restore_threads):
     assert mp.type_name == "+".join(p if p in ("f16", "f32") else p + ":int8" for p in native.type_name.split("+"))
     assert any(isinstance(p, IntPanels) for p in mp.parts) and mp.nbytes == native.nbytes
     mp.check()
-    st = layout.as_storage(mp)
+    st = as_storage(mp)
     n = mp.n
     rng = np.random.default_rng(4)
     for li, layer in enumerate(segs):

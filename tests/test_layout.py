@@ -6,6 +6,8 @@ TYPE_CHECKING, so that each module can be read, tested and moved with only what 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "tinydet"
@@ -20,6 +22,7 @@ FLOORS = (
     ("arch",),  # architectures as data
     ("formats",),  # model files in, read through the specs
     ("registry",),  # known models' names to files, fetched and checked
+    ("packing",),  # a checkpoint's matrices packed into panels, for either backend
     ("backends",),  # the forward pass on a device
     ("memory", "engine"),  # whether a load fits; the step-wise engine
     ("api",),
@@ -170,9 +173,14 @@ def test_no_import_runs_up_a_floor_in_the_package():
     assert len(listed) == len(set(listed)) and set(listed) <= {place(m) for m in graph}  # each piece once, none gone
 
 
-def test_cli_dtypes_are_the_backends():
-    """The CLI spells the dtype list itself (parsing must not import numba); it must be the backend's."""
-    from tinydet.backends.cpu.weights import DTYPES
-    from tinydet.cli.common import DTYPES as CLI_DTYPES
-
-    assert CLI_DTYPES == DTYPES
+def test_names_need_no_kernels():
+    """The dtypes and type names (`packing/names.py`) import without numba, and the command line takes
+    them from there: it imports neither the packers nor the CPU kernels (numba it imports anyway, for the
+    engine's log-probabilities and the thread count)."""
+    code = ("import sys, tinydet.packing.names\n"
+            "print('numba' in sys.modules)\n"
+            "import tinydet.cli\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('tinydet.packing', 'tinydet.backends.cpu'))))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert out == ["False", "['tinydet.packing', 'tinydet.packing.names']"]

@@ -11,7 +11,8 @@ import numba
 import numpy as np
 import pytest
 
-from tinydet.backends.cpu import layout, loaders
+from tinydet.backends.cpu import loaders
+from tinydet.packing import layout
 from tinydet.backends.cpu.storage import floats
 from tinydet.backends.cpu.matmul import MM_GLU, MM_PLAIN, chunk_range, matmul, mm, scratch, split_chunks
 from tinydet.backends.cpu.ops import GELU_TANH, glu_rows

@@ -1,4 +1,4 @@
-"""Native quantized storage (backends/cpu: layout.py's quantized panels, read by loaders.py): products
+"""Native quantized storage (packing/layout.py's quantized panels, read by backends/cpu/loaders.py): products
 straight from Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/Q5_K/Q6_K blocks must be bit-identical to the matrix product
 over the exactly dequantized matrix, at every thread count, token count and row permutation, on random
 blocks, on the real SmolLM2 file and on every kind of matrix of the real Gemma 3 270M Q4_K_M file; so
@@ -18,11 +18,12 @@ import pytest
 from tinydet.formats.ggml import GGML_TYPE_IDS, GGML_TYPES
 from tinydet.formats.gguf import GGUFFile
 from tinydet.formats.gguf_model import rope_row_order
-from tinydet.backends.cpu import layout, loaders
+from tinydet.backends.cpu import loaders
+from tinydet.packing import layout
 from tinydet.numerics import simd
 from tinydet.backends.cpu.matmul import MM_GLU, MM_PLAIN, matmul, mm, scratch
 from tinydet.backends.cpu.ops import SILU, glu_rows
-from tinydet.backends.cpu.storage.kinds import tag
+from tinydet.backends.cpu.storage.kinds import as_storage, tag
 from tinydet.formats.dequant import dequantize
 
 OLD = ["Q8_0", "Q4_0", "Q4_1"]
@@ -349,7 +350,7 @@ def test_jitted_entry_points():
         n, k = 70, k_for(name, 64)
         layers = [layout.pack_quantized(random_blocks(name, n, k, seed=40 + i), tid, k) for i in range(2)]
         st = layout.stack(layers)
-        w = layout.as_storage(st)
+        w = as_storage(st)
         assert len(w) == 6 and w[0] is tag("native", name)
         for T in (1, 6):
             x = rng.standard_normal((T, k)).astype(np.float32)
@@ -415,7 +416,7 @@ def test_generic_x86_64_target_gives_the_same_bits(tmp_path):
     script = tmp_path / "gen.py"
     script.write_text(
         "import sys, numpy as np, tinydet\n"
-        "from tinydet.backends.cpu import layout\n"
+        "from tinydet.packing import layout\n"
         "from tinydet.backends.cpu.matmul import matmul\n"
         "from tinydet.formats.ggml import GGML_TYPE_IDS\n"
         "sys.path.insert(0, sys.argv[1])\n"
@@ -646,7 +647,7 @@ def test_q5_1_weights_are_gguf_dequantization():
     raw = random_blocks("Q5_1", n, k, seed=12)
     want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q5_1).astype(np.float32).reshape(n, k)
     qp = layout.pack_quantized(raw, layout.Q5_1, k)
-    assert layout.as_storage(qp)[0] is tag("native", "Q5_1")
+    assert as_storage(qp)[0] is tag("native", "Q5_1")
     rows = np.empty((n, k), np.float32)
     loaders.embed(qp, np.arange(n), rows)
     assert_same_bits(rows, want, "Q5_1 rows")
@@ -710,7 +711,7 @@ def test_mixed_kinds_equal_fp32(case, restore_threads):
     mp = layout.pack_mixed([[seg for seg, _ in layer_segs] for layer_segs in segs], k)
     n = mp.n
     assert mp.nbytes < 4 * n * k * len(plan) / 2  # mostly quantized
-    st = layout.as_storage(mp)
+    st = as_storage(mp)
     rng = np.random.default_rng(9)
     for li, layer_segs in enumerate(segs):
         w = np.concatenate([m for _, m in layer_segs])
@@ -814,7 +815,7 @@ def test_gemma3_every_matrix_kind_bit_identical(gemma3_path, restore_threads):
             layers.append(segs)
         mp = layout.pack_mixed([[(tid, rows, lambda raw=raw, tid=tid: layout.pack_quantized(raw, tid, k))
                                  for tid, rows, _, raw in segs] for segs in layers], k)
-        st = layout.as_storage(mp)
+        st = as_storage(mp)
         for li, segs in enumerate(layers):
             w = np.concatenate([dequantize(raw, tid, (rows, k)) for tid, rows, _, raw in segs])
             x = (rng.standard_normal((5, k)) * spread).astype(np.float32)

@@ -27,14 +27,15 @@ def test_kernels_outside_the_backend_cache_in_the_keyed_directory(tmp_path):
 
 
 def test_the_cache_key_follows_the_kernel_sources(tmp_path, monkeypatch):
-    """An edit under numerics/ or backends/cpu/ (a subpackage too) gives a new directory; one elsewhere
-    does not."""
-    for f in ("numerics/mathfn.py", "backends/cpu/ops.py", "backends/cpu/storage/q8.py", "api.py"):
+    """An edit under numerics/, packing/ or backends/cpu/ (a subpackage too) gives a new directory; one
+    elsewhere does not."""
+    files = ("numerics/mathfn.py", "packing/repack.py", "backends/cpu/ops.py", "backends/cpu/storage/q8.py", "api.py")
+    for f in files:
         (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / f).write_text("x = 1\n")
     monkeypatch.setattr(numerics, "_PACKAGE", tmp_path)
     keys = [numerics._cache_key()]
-    for f in ("numerics/mathfn.py", "backends/cpu/ops.py", "backends/cpu/storage/q8.py", "api.py"):
+    for f in files:
         (tmp_path / f).write_text((tmp_path / f).read_text() + "y = 2\n")
         keys.append(numerics._cache_key())
-    assert len(set(keys[:4])) == 4 and keys[4] == keys[3]
+    assert len(set(keys[:5])) == 5 and keys[5] == keys[4]

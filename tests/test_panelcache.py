@@ -1,4 +1,4 @@
-"""Packed panels kept on disk (`backends/cpu/panelcache.py`): a cached load gives the packed load's
+"""Packed panels kept on disk (`packing/panelcache.py`): a cached load gives the packed load's
 arrays byte for byte and its logits bit for bit; a corrupt, truncated or stale file is detected,
 removed and rebuilt, never used; the model is not rehashed when its stat is unchanged; the cache can be
 turned off, and a disk that refuses the file gives a warning and a normal load."""
@@ -16,9 +16,9 @@ import pytest
 
 import tinydet
 from test_native_model import requantized
-from tinydet.backends.cpu import panelcache
-from tinydet.backends.cpu.intpanels import IntPanels
-from tinydet.backends.cpu.layout import MixedPanels, QPanels
+from tinydet.packing import panelcache
+from tinydet.packing.intpanels import IntPanels
+from tinydet.packing.layout import MixedPanels, QPanels
 
 # Mixed storage: Q8_0 attention, Q4_0 elsewhere (a 172-long ffn_down row stays F32: float panels)
 PLAN = lambda t: "Q8_0" if "attn" in t else "Q4_0"  # noqa: E731
@@ -107,7 +107,7 @@ def test_process_that_exits_at_once_leaves_a_whole_file(model_file, tmp_path):
     """A command that ends right after the load (the file still being written) waits for it at exit,
     also when the load ran in a daemon thread (as `tinydet serve` loads)."""
     code = ("import threading, time, tinydet\n"
-            "from tinydet.backends.cpu import panelcache\n"
+            "from tinydet.packing import panelcache\n"
             "real = panelcache.write\n"
             "panelcache.write = lambda *a: time.sleep(2) or real(*a)  # still writing when the main thread ends\n"
             f"t = threading.Thread(target=tinydet.load, args=({str(model_file)!r},), kwargs={{'dtype': 'native'}}, daemon=True)\n"
@@ -264,7 +264,7 @@ def test_f16_rows_for_fp16_are_the_round_trip():
     """fp16 panels of an F16 tensor take its bits where no row has a NaN: the same as widening to
     float32 and rounding back, on every non-NaN pattern; rows with a NaN take the round trip."""
     from tinydet.numerics.simd import to_f16_bits
-    from tinydet.backends.cpu.weights import _pack_float, storage
+    from tinydet.packing.weights import _pack_float, storage
     from tinydet.formats import Tensor
     from tinydet.formats.ggml import F16
 
@@ -318,7 +318,7 @@ def test_old_temporary_files_are_swept(model_file, tmp_path):
 def test_other_attributes_round_trip_or_skip_the_cache(model_file, tmp_path, monkeypatch):
     """The cache is generic over what a CPUWeights holds: scalars and tuples of arrays come back as
     they were; an object it cannot describe leaves the load uncached, not failed."""
-    from tinydet.backends.cpu import weights as W
+    from tinydet.packing import weights as W
 
     key, path, w = _build(model_file)
     w.extra = (w.norm, 3, "x", None, [1.5])

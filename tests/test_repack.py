@@ -1,4 +1,4 @@
-"""The quantized-panel packer's numba kernel (`backends/cpu/repack.py`) against the NumPy packer it
+"""The quantized-panel packer's numba kernel (`packing/repack.py`) against the NumPy packer it
 replaced (`packref.py`): byte-identical panels for every native type, with row orders (Q/K
 un-permutation), concatenated parts, partial panels, NaN scales (the float32 fallback), stacks of
 layers, read-only mapped input and any thread count."""
@@ -11,7 +11,7 @@ import pytest
 
 import packref
 from test_native import NATIVE, k_for, random_blocks
-from tinydet.backends.cpu import layout
+from tinydet.packing import layout
 from tinydet.formats.gguf_model import rope_row_order
 from tinydet.formats.ggml import GGML_TYPE_IDS
 
@@ -94,7 +94,7 @@ def test_stack_errors():
 def test_signaling_nan_scales_are_quieted_as_the_numpy_packer_does():
     """The packer's kernel (`repack.quiet_snans`) sets the quiet bit of exactly the signaling NaN
     patterns, as the NumPy packer's mask does: every NaN pattern of both signs, and 2,000 others."""
-    from tinydet.backends.cpu import repack
+    from tinydet.packing import repack
 
     rng = np.random.default_rng(0)
     nan = np.array([s | e for s in (0, 0x8000) for e in range(0x7C00, 0x8000)], np.uint16)

@@ -20,6 +20,7 @@ from .engine.speculate import make_drafter, same_tokenizer, speculation
 from .errors import TinydetError
 from .formats import open_checkpoint
 from .hashing import hash_ids, model_sha256
+from .packing.names import DTYPES
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer
 from .tokenizer.core import TokenTypeError
@@ -63,8 +64,8 @@ class Model:
         if isinstance(spec, (str, os.PathLike)) and str(spec) not in ("", "ngram"):
             # a dtype: this file in that mode drafting; else a draft model's file or name
             try:
-                spec = load(self.path if str(spec) in _dtypes() else spec,
-                            dtype=str(spec) if str(spec) in _dtypes() else self.dtype, threads=self.threads)
+                spec = load(self.path if str(spec) in DTYPES else spec,
+                            dtype=str(spec) if str(spec) in DTYPES else self.dtype, threads=self.threads)
             except TinydetError as e:
                 raise TinydetError(f"speculative: {e}") from None
         if isinstance(spec, Model):
@@ -323,20 +324,14 @@ def finish(g: Generation, message, parsed: bool) -> None:
     g.finish_reason = g.message.finish_reason(g.finish_reason)
 
 
-def _dtypes() -> tuple[str, ...]:
-    from .backends.cpu import DTYPES
-
-    return tuple(DTYPES)
-
-
 def check_speculative(spec) -> None:
     """Refuse a `speculative` that names nothing: a string must be "ngram", a dtype, or a draft model's
     existing file or known name."""
-    if isinstance(spec, (str, os.PathLike)) and str(spec) not in ("", "ngram", *_dtypes()):
+    if isinstance(spec, (str, os.PathLike)) and str(spec) not in ("", "ngram", *DTYPES):
         from .registry import known_models
 
         if not Path(spec).exists() and str(spec).lower() not in known_models():
-            raise TinydetError(f"speculative: expected ngram, a dtype ({', '.join(_dtypes())}: this file in that "
+            raise TinydetError(f"speculative: expected ngram, a dtype ({', '.join(DTYPES)}: this file in that "
                                f"mode drafting) or a draft model's file or known name, found {str(spec)!r}")
     elif not isinstance(spec, (str, os.PathLike)):
         make_drafter(spec)
@@ -361,12 +356,10 @@ def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: i
     `device` is "cpu", or "cuda" / "cuda:N" for an NVIDIA GPU through CuPy (the CPU's bits; weights are
     packed in host memory, then copied), or "cuda-host" (the GPU's kernels emulated on the CPU, slowly).
     `panel_cache` keeps a GGUF file's packed weights on disk after the first load and maps them on
-    later ones (`backends/cpu/panelcache.py`); False, or (when it is None) TINYDET_NO_PANEL_CACHE=1,
+    later ones (`packing/panelcache.py`); False, or (when it is None) TINYDET_NO_PANEL_CACHE=1,
     turns that off. `speculative` ("ngram", a dtype, a draft model) sets `Model.speculative`."""
-    from .registry import DEFAULT_MODEL, resolve_model
-
-    from .backends.cpu import DTYPES
     from .backends.threads import check_threads
+    from .registry import DEFAULT_MODEL, resolve_model
 
     if dtype not in DTYPES:
         raise TinydetError(f"dtype: expected one of {', '.join(DTYPES)}, found {dtype!r}")
@@ -378,7 +371,7 @@ def load(model: str | os.PathLike | None = None, dtype: str = "fp32", threads: i
         check_memory = os.environ.get(memory.ENV_OVERRIDE, "") in ("", "0")
     if check_memory:
         memory.check_memory(ck.path, ck.config, ck.tensors, dtype)
-    from .backends.cpu import panelcache
+    from .packing import panelcache
 
     source = ck.path if dev is None and ck.format == "gguf" and panelcache.enabled(panel_cache) else None
     return Model(ck.path, load_backend(dev, ck.config, ck.tensors, dtype, threads, source, progress), ck.tokenizer,

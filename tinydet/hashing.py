@@ -23,11 +23,12 @@ def hash_logits(rows: Sequence[np.ndarray]) -> str:
     return h.hexdigest()
 
 
-# The sources that decide a result's bits: the kernels and their arithmetic, RoPE's frequencies, model
-# formats and architectures, tokenizers, chat templates and tool-call grammars, structured outputs, the
-# engine, sampling and log-probabilities. Not the CLI, server, registry or tools.
-BIT_SOURCES = ("numerics", "backends", "rope.py", "arch", "formats", "jsonfile.py", "tokenizer", "engine", "config.py",
-               "chat", "structured.py", "sampling.py", "logprobs.py", "hashing.py")
+# The sources that decide a result's bits: the kernels and their arithmetic, the packed weights' layouts,
+# RoPE's frequencies, model formats and architectures, tokenizers, chat templates and tool-call
+# grammars, structured outputs, the engine, sampling and log-probabilities. Not the CLI, server,
+# registry or tools.
+BIT_SOURCES = ("numerics", "packing", "backends", "rope.py", "arch", "formats", "jsonfile.py", "tokenizer", "engine",
+               "config.py", "chat", "structured.py", "sampling.py", "logprobs.py", "hashing.py")
 
 
 def source_hash() -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 from .errors import MemoryLimitError
 
 KV_POSITIONS = 4096  # positions of KV cache the check reserves room for
-_LANES = 64  # rows per packed panel (backends/cpu/layout.py LANES), and cache positions per key tile
+_LANES = 64  # rows per packed panel (packing/layout.py LANES), and cache positions per key tile
 ENV_OVERRIDE = "TINYDET_NO_MEMORY_CHECK"
 
 
@@ -26,8 +26,7 @@ def weight_bytes(tensors: dict, dtype: str) -> int:
     the file's own bytes for a type the kernels read as stored (quantized blocks, F16), else 4. A
     layer's fused matrices ([wq; wk; wv], [w1; w3]; a mixture's router and each expert's) and the output
     round their rows up to whole 64-row panels, as the backend packs them. A tied output (the embedding's object) counts once."""
-    from .backends.cpu.layout import NATIVE_TYPES
-    from .backends.cpu.weights import MATRICES
+    from .packing.names import MATRICES, NATIVE_TYPES
     from .formats.ggml import F16, row_bytes
 
     def nbytes(t, rows: int) -> int:  # t's bytes, its row count taken as `rows`

@@ -1,6 +1,7 @@
 """Backends: where a model's forward pass runs. `base.py` says what a backend does; `threads.py` how
 many host threads it may use; `cpu/` is the numba CPU backend, `cupy/` the GPU backend (CUDA kernels
-through CuPy, with the CPU's bits, packing weights with `cpu/`'s layouts). Nothing here imports upward."""
+through CuPy, with the CPU's bits). Both take the weights as `packing/` packs them. Nothing here imports
+upward."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def open_device(device: str):
 def load_backend(device, config, tensors: dict, dtype: str, threads: int | None, source=None,
                  progress=None) -> Backend:
     """Pack a checkpoint's tensors for `device`: a name of DEVICES, or what `open_device` returned.
-    `source`, the model file, lets the CPU backend keep its packed panels (`cpu/panelcache.py`);
+    `source`, the model file, lets the CPU backend keep its packed panels (`packing/panelcache.py`);
     `progress(done, total, name)` hears of the CPU backend's packing."""
     if isinstance(device, str):
         device = open_device(device)

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ContextLengthError, TinydetError
+from ..rope import inv_freq
 from .threads import check_threads
 
 # hook(layer or None, op name, positions (n,), slots (n,), rows (n, width) float32): called after
@@ -73,6 +74,46 @@ class KVCache(ABC):
     @property
     @abstractmethod
     def nbytes(self) -> int: ...
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionSetup:
+    """What attention takes from a config, computed once per model and the same way for every device:
+      inv_freq     each distinct RoPE's inverse frequencies (`rope.inv_freq`), the model's own first,
+                   then the layers' as first seen
+      rope_scale   YaRN's attention factor on that RoPE's cos and sin (float32; 1 for the others)
+      layer_rope   (n_layers,) int64: each layer's RoPE, -1 for a NoPE layer (it rotates nothing)
+      windows      (n_layers,) int64: the positions each layer attends to (0: all)
+      scale        the factor on q.k, float32: the config's, else 1 / sqrt(head_dim)"""
+
+    inv_freq: tuple[np.ndarray, ...]
+    rope_scale: tuple[np.float32, ...]
+    layer_rope: np.ndarray
+    windows: np.ndarray
+    scale: np.float32
+
+    @classmethod
+    def of(cls, cfg: ModelConfig) -> "AttentionSetup":
+        ropes = list(dict.fromkeys((cfg.rope,) + cfg.layer_ropes))  # distinct RoPEs, first seen first
+        layer_rope = [-1 if cfg.nope(i) else ropes.index(cfg.rope_of(i)) for i in range(cfg.n_layers)]
+        windows = [cfg.window(i) for i in range(cfg.n_layers)]
+        scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / np.sqrt(cfg.head_dim)
+        return cls(tuple(inv_freq(r, cfg.head_dim) for r in ropes), tuple(np.float32(r.attention_factor) for r in ropes),
+                   np.array(layer_rope, np.int64), np.array(windows, np.int64), np.float32(scale))
+
+    def rope_rows(self, n: int, fill: Callable) -> tuple[np.ndarray, np.ndarray]:
+        """cos and sin (RoPEs, n, head_dim / 2) float32 of positions 0 .. n-1: `fill(n, inv_freq, cos,
+        sin)` writes one RoPE's (the CPU kernels' `ops.rope_tables`), then YaRN's attention factor
+        scales them, one float32 product each. A row depends on its position alone, so a longer table
+        keeps every row of a shorter one."""
+        cos = np.empty((len(self.inv_freq), n, self.inv_freq[0].shape[0]), np.float32)
+        sin = np.empty_like(cos)
+        for r, f in enumerate(self.inv_freq):
+            fill(n, f, cos[r], sin[r])
+            if self.rope_scale[r] != 1:
+                cos[r] *= self.rope_scale[r]
+                sin[r] *= self.rope_scale[r]
+        return cos, sin
 
 
 @dataclass

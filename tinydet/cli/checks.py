@@ -11,7 +11,8 @@ import time
 import click
 
 from ..errors import TinydetError
-from .common import DTYPES, cli_errors, device_option, loader, model_option, no_memory_check_option, renamed
+from ..packing.names import DTYPES
+from .common import cli_errors, device_option, loader, model_option, no_memory_check_option, renamed
 
 
 def _quantized(model) -> bool:

@@ -16,10 +16,9 @@ import time
 import click
 from click.core import ParameterSource
 
-# The command line is parsed after `tinydet.api` is imported (cli/__init__.py), numba and the kernels'
-# modules with it: the dtypes and native's types are named by their homes.
-from ..backends.cpu.layout import NATIVE_TYPES
-from ..backends.cpu.weights import DTYPES
+# The dtypes and native's types by name, from their numba-free home: the command line names them
+# without importing the packers or the kernels.
+from ..packing.names import DTYPES, NATIVE_TYPES
 from ..errors import TinydetError
 
 _ESCAPE = re.compile(r"""\\(?:([ntr\\"'])|x([0-9A-Fa-f]{2})|u([0-9A-Fa-f]{4})|U([0-9A-Fa-f]{8}))""")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from ..errors import TinydetError
+from ..packing.names import DTYPES
 from . import common
 from .common import (check_sha256_option, cli_errors, device_option, json_object, loader, model_option,
                      no_memory_check_option, no_panel_cache_option)
@@ -30,7 +31,7 @@ def _replica_spec(cluster, model_name, dtype, threads, max_batch, max_queue, pre
     from ..registry import DEFAULT_MODEL, known_models, resolve_model
 
     check_speculative(speculative)
-    if speculative and speculative not in ("ngram", *common.DTYPES):  # a draft model: pulled here, once
+    if speculative and speculative not in ("ngram", *DTYPES):  # a draft model: pulled here, once
         speculative = str(resolve_model(speculative, verify=verify).resolve())
     name = model_name or DEFAULT_MODEL
     path = resolve_model(name, verify=verify).resolve()
@@ -46,7 +47,7 @@ def replica_options(fn):
     """The options of a served model, shared by `serve` and `rollout`."""
     options = [
         model_option,
-        click.option("--dtype", type=click.Choice(common.DTYPES), default="fp32", show_default=True,
+        click.option("--dtype", type=click.Choice(DTYPES), default="fp32", show_default=True,
                      help=common.DTYPE_HELP),
         click.option("--threads", type=click.IntRange(min=1), default=None,
                      help="Default: the CPUs available; on Ray (--ray, rollout), 1 per replica."),

@@ -23,9 +23,9 @@ import numba
 
 from ..paths import cache_base, file_lock
 
-# The sources, under the package, whose kernels call jitted helpers of other modules: this package's
-# and the CPU backend's (sampling.py and logprobs.py call only this package's).
-KERNEL_SOURCES = ("numerics", "backends/cpu")
+# The sources, under the package, whose kernels call jitted helpers of other modules: this package's,
+# the packers' and the CPU backend's (sampling.py and logprobs.py call only this package's).
+KERNEL_SOURCES = ("numerics", "packing", "backends/cpu")
 
 _PACKAGE = Path(__file__).resolve().parent.parent
 

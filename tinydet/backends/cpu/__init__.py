@@ -1,20 +1,18 @@
 """The CPU backend: numba kernels that keep the determinism contract (docs/determinism.md).
 
-  layout.py   float panels and quantized panels
   qblocks.py  GGUF's quantized blocks read as float32 vectors
   loaders.py  how the matrix product reads each storage type: one dispatch by the storage's kind
   storage/    the kinds (float panels, native blocks, mixed, int8, int8-mixed), a module each, one table
   actq.py     activations to 8-bit blocks, for the integer mode (dtype "int8")
   intdot.py   the integer mode's block dot products (VNNI, AVX2, generic lowerings of one rule)
-  intpanels.py the integer mode's weight layout (the native panels; Q8_0's quants regrouped)
   tiles.py    rows times a panel's outputs, shared by every storage type; tile shapes per vector unit
   matmul.py   the one matrix product
   ops.py      RMSNorm, RoPE, attention, activations
   gqa.py      attention for the query heads of one KV group at once (AVX-512)
   forward.py  the one forward pass (an op hook traces it or injects faults)
-  weights.py  a checkpoint packed for a dtype
-  repack.py   the packers' kernels (GGUF blocks and F16 rows moved into panels, in parallel)
-  panelcache.py  packed panels kept on disk, checked, and mapped on later loads
+
+The weights come packed from `packing/` (the layouts, their packers and the panel cache, shared with
+the GPU backend); `storage/` is how these kernels take them.
 
 The kernels build on `numerics/` (the vector layer, tinydet's own exp, log, sin, cos, tanh), imported
 first: it points numba's cache at a directory keyed by these sources and its own.
@@ -34,13 +32,13 @@ import numpy as np
 from ... import numerics  # noqa: F401  (first: numba's cache directory, before any kernel here is compiled)
 from ...config import MOE_GATINGS, ModelConfig
 from ...errors import TinydetError
-from ..base import Backend, Hook, KVCache, plan_batch, split_logits
+from ...packing import panelcache
+from ...packing.names import DTYPES
+from ...packing.weights import CPUWeights
+from ..base import AttentionSetup, Backend, Hook, KVCache, plan_batch, split_logits
 from . import forward as _fw
-from . import panelcache
-from .layout import as_storage
 from .ops import ACTIVATIONS, ATILE, rope_tables
-from ...rope import inv_freq
-from .weights import DTYPES, CPUWeights
+from .storage.kinds import as_storage
 
 
 def on_first_compile(callback) -> None:
@@ -127,19 +125,13 @@ class CPUBackend(Backend):
         self._experts = None if config.dense_ffn else (as_storage(w.router), w.router_bias, as_storage(w.w13e),
                                                        w.b13e, as_storage(w.w2e), w.b2e)
         cfg = config
-        ropes = list(dict.fromkeys((cfg.rope,) + cfg.layer_ropes))  # distinct RoPEs, first seen first
-        self._inv_freq = [inv_freq(r, cfg.head_dim) for r in ropes]
-        self._rope_scale = [np.float32(r.attention_factor) for r in ropes]
-        # -1: a NoPE layer (forward rotates nothing there)
-        self._layer_rope = np.array([-1 if cfg.nope(i) else ropes.index(cfg.rope_of(i)) for i in range(cfg.n_layers)],
-                                    np.int64)
-        self._windows = np.array([cfg.window(i) for i in range(cfg.n_layers)], np.int64)
-        self._cos = self._sin = np.zeros((len(ropes), 0, cfg.head_dim // 2), np.float32)
+        self._att = AttentionSetup.of(cfg)
+        self._cos = self._sin = np.zeros((len(self._att.inv_freq), 0, cfg.head_dim // 2), np.float32)
         self._rope_lock = threading.Lock()
         self._moe = (cfg.n_experts, cfg.n_experts_used, MOE_GATINGS.index(cfg.moe_gating), cfg.moe_norm_topk)
         f32 = np.float32
-        self._scalars = (f32(cfg.rms_eps), f32(cfg.attn_scale if cfg.attn_scale is not None else 1.0 / np.sqrt(cfg.head_dim)),
-                         f32(cfg.embed_scale or 0.0), f32(cfg.logit_softcap or 0.0), f32(cfg.attn_softcap or 0.0))
+        self._scalars = (f32(cfg.rms_eps), self._att.scale, f32(cfg.embed_scale or 0.0), f32(cfg.logit_softcap or 0.0),
+                         f32(cfg.attn_softcap or 0.0))
 
     def new_cache(self, capacity: int, n_slots: int = 1) -> CPUKVCache:
         self.check_capacity(capacity)
@@ -150,19 +142,12 @@ class CPUBackend(Backend):
         with self._rope_lock:
             if self._cos.shape[1] < n_pos:
                 n = max(n_pos, min(2 * self._cos.shape[1], self.config.context_length))
-                cos = np.empty((len(self._inv_freq), n, self.config.head_dim // 2), np.float32)
-                sin = np.empty_like(cos)
-                for r, f in enumerate(self._inv_freq):
-                    rope_tables(n, f, cos[r], sin[r])
-                    if self._rope_scale[r] != 1:  # YaRN's attention factor, one float32 product each
-                        cos[r] *= self._rope_scale[r]
-                        sin[r] *= self._rope_scale[r]
-                self._cos, self._sin = cos, sin
+                self._cos, self._sin = self._att.rope_rows(n, rope_tables)
             return self._cos, self._sin
 
     def forward_batch(self, items: Sequence[tuple], cache: CPUKVCache, all_logits: bool = False,
                       hook: Hook | None = None) -> list[np.ndarray | None]:
-        cfg = self.config
+        cfg, att = self.config, self._att
         b = plan_batch(items, cache, cfg.vocab_size, all_logits)
         cos, sin = self._rope(int(b.pos.max()) + 1)
         if numba.get_num_threads() != self._threads:  # numba's setting is per calling thread
@@ -175,7 +160,7 @@ class CPUBackend(Backend):
         try:
             with _LAUNCH if _serial() else contextlib.nullcontext():
                 logits = _fw.forward(b.ids, b.pos, b.slots, b.rows, self._w, self._experts, cache.k, cache.v, cos,
-                                     sin, self._layer_rope, self._windows, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+                                     sin, att.layer_rope, att.windows, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
                                      cfg.ffn_dim, ACTIVATIONS[cfg.activation], self._moe, *self._scalars,
                                      cfg.vocab_size, self._threads, hook_id)
         finally:

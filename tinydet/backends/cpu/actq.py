@@ -15,7 +15,7 @@ A block holding a NaN or an infinity gets d = NaN and q = 0: its products are Na
 outputs, whichever weights meet it (inf * 0 must not become a quant).
 
 Stored per row t: xq[t] int8 (K,), each group of 8 elements in the order (0, 2, 4, 6, 1, 3, 5, 7) (the
-nibble order of the weight words, `intpanels.py`); xd[t] float32 (K / block,) the scales; xs[t] int32
+nibble order of the weight words, `packing/intpanels.py`); xd[t] float32 (K / block,) the scales; xs[t] int32
 (K / 16,) the integer sums of q over each 16 elements, for the weight offsets (Q4_0's -8, Q5_0's -16)
 and mins (Q4_1) folded in after the integer dot.
 """

@@ -80,7 +80,7 @@ def forward(ids, pos, slot, rows, w, experts, k_cache, v_cache, cos, sin, layer_
     `slot`, appending each token's key and value to the caches.
 
     w = (table, attn_norm, wqkv, bqkv, q_norm, k_norm, wo, bo, sinks, post_attn_norm, ffn_norm, w13, w2,
-    post_ffn_norm, norm, output), as `weights.CPUWeights` holds them; `experts` (router, router_bias,
+    post_ffn_norm, norm, output), as `packing.weights.CPUWeights` holds them; `experts` (router, router_bias,
     w13e, b13e, w2e, b2e) for a mixture of experts, else None (numba then leaves the mixture's branch
     out); caches (L, ...) of
     `KVCache`; cos, sin (R, positions, head_dim / 2) with layer l using table layer_rope[l] (-1: a NoPE

@@ -1,4 +1,4 @@
-"""The integer mode's block dot products (dtype "int8"): quantized weights (`intpanels.py`) against
+"""The integer mode's block dot products (dtype "int8"): quantized weights (`packing/intpanels.py`) against
 8-bit activations (`actq.py`), deterministic by construction.
 
 Per output n of row t and per 32-element block b, with q the activation quants, dx their block scale,
@@ -341,7 +341,7 @@ def iv_dot_signed(typingctx, acc, a, b):
 
 # ---------------------------------------------------------------------------------------------------
 # Kernels: R rows of activations times one 32-row panel. Storage tuple w = (tag, qs, d, m, sc, qh)
-# (`intpanels.py`); activations xa = (xq, xd, xs) (`actq.py`).
+# (`packing/intpanels.py`); activations xa = (xq, xd, xs) (`actq.py`).
 
 K_KINDS = ("Q4_K", "Q5_K", "Q6_K")
 

@@ -1,5 +1,5 @@
 """How the one matrix product (`matmul.py`) reads each storage kind: float panels (float32 or fp16
-bits), GGUF's quantized blocks in the panel layout of `layout.py` (native), the integer mode's, and
+bits), GGUF's quantized blocks in the panel layout of `packing/layout.py` (native), the integer mode's, and
 kinds mixing them by runs of rows. Each kind is implemented by its own module under `storage/`, found
 in one table (`storage/table.py`) by the kind's tag (`storage/kinds.py`): the functions below are one
 dispatch each.
@@ -31,9 +31,9 @@ import numpy as np
 from numba import njit
 from numba.extending import overload
 
-from .layout import QPanels, as_storage
+from ...packing.layout import QPanels
 from ...numerics.simd import LANES
-from .storage.kinds import impl
+from .storage.kinds import as_storage, impl
 from .storage.table import TABLE  # noqa: F401 (fills the table `impl` reads)
 
 

@@ -26,10 +26,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .layout import QPanels, as_storage
-from .intpanels import IntPanels
+from ...packing.intpanels import IntPanels
+from ...packing.layout import QPanels
 from .loaders import act_alloc, act_rows, few_rows, quantizes, gemv_units, groups, prefill_group, tiling, units
 from .ops import glu_span
+from .storage.kinds import as_storage
 from ...numerics.simd import HALF, LANES
 
 MM_PLAIN, MM_RESIDUAL, MM_GLU = 0, 1, 2
@@ -186,7 +187,7 @@ def check(x, w, n_out, out, res=None) -> None:
 
 def matmul(x, w, n_out, out, res=None, threads: int | None = None) -> None:
     """out[t, n] = sum_k x[t, k] * W[n, k] for n < n_out, W float panels (P, K, 64) (float32 or fp16
-    bits, `layout.pack_panels`) or `QPanels`; with `res` (T, >= n_out) float32, then also
+    bits, `packing.layout.pack_panels`) or `QPanels`; with `res` (T, >= n_out) float32, then also
     res[t, n] = res[t, n] + out[t, n]. The same bits for every storage of the same values."""
     import numba
 

@@ -1,5 +1,5 @@
 """GGUF's quantized blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, MXFP4) in quantized panels
-(`layout.py`), read as float32.
+(`packing/layout.py`), read as float32.
 
 Every weight reaches the sum as exactly the float32 value `formats.dequant` gives it, by the same
 operations on the same operands in the same order (fp16 scales widened exactly; q below is the quant
@@ -47,7 +47,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
-from .layout import QBLOCK
+from ...packing.layout import QBLOCK
 from ...numerics.simd import (HALF, KBLOCK, LANES, _F32V32, _c_array, _ptr, _splat, at, broadcast, kahan, rows_zero,
                               target_has, target_isa, v32_load, v32_splat, v32_zero, v_add, v_mul, v_neg, v_rows_acc,
                               v_store, widen)

@@ -9,7 +9,7 @@ CPU's bits: the same golden hashes, any batch, any chunking. Around those chains
 GPU's: the products tiled through shared memory (gemm) or reading each weight once for a few rows
 (gemv), attention a thread block per row and head, and without a hook the small steps fused into
 their neighbours (`CudaBackend._pass`). The weights are the CPU backend's packed weights
-(`cpu.weights.CPUWeights`: the same panels, quantized blocks dequantized inside the kernels), copied to
+(`packing.weights.CPUWeights`: the same panels, quantized blocks dequantized inside the kernels), copied to
 the device; in dtype "int8" the integer kinds' products are the CPU's integer block dots (`intproducts`:
 activations quantized per block, `__dp4a`, each output the Kahan sum of its blocks' terms in order).
 Decode steps (one token per item, no hook) on a GPU replay a CUDA graph captured on the first step of
@@ -28,10 +28,10 @@ import numpy as np
 
 from ...config import ModelConfig
 from ...errors import MemoryLimitError, TinydetError
-from ...rope import inv_freq
-from ..base import OPS, Backend, Hook, KVCache, plan_batch, split_logits
+from ..base import OPS, AttentionSetup, Backend, Hook, KVCache, plan_batch, split_logits
 from ..cpu.ops import GELU_B, GELU_K, ACTIVATIONS, ATILE, rope_tables
-from ..cpu.weights import DTYPES, MATRICES, CPUWeights
+from ...packing.names import DTYPES, MATRICES
+from ...packing.weights import CPUWeights
 from .device import CudaDevice, HostDevice
 from .intproducts import ActBuffers
 from .products import AMAX_HD, BLOCK, Matrix, blocks, embed, embed_rows, mm, product, rms_inv_rows
@@ -156,14 +156,10 @@ class CudaBackend(Backend):
             self._vec = {name: dev.to_device(getattr(w, name)) for name in (
                 "attn_norm", "ffn_norm", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm", "bqkv", "norm")}
         del w
-        ropes = list(dict.fromkeys((cfg.rope,) + cfg.layer_ropes))
-        self._inv_freq = [inv_freq(r, cfg.head_dim) for r in ropes]
-        self._layer_rope = [ropes.index(cfg.rope_of(i)) for i in range(cfg.n_layers)]
-        self._windows = [cfg.window(i) for i in range(cfg.n_layers)]
+        self._att = AttentionSetup.of(cfg)
         self._rope_n = 0
         self._cos = self._sin = None
         self._eps = np.float32(cfg.rms_eps)
-        self._scale = np.float32(cfg.attn_scale if cfg.attn_scale is not None else 1.0 / np.sqrt(cfg.head_dim))
         self._act = ACTIVATIONS[cfg.activation]
         self.graphs = hasattr(dev, "stream") and os.environ.get("TINYDET_CUDA_GRAPHS", "1") != "0"
 
@@ -180,19 +176,15 @@ class CudaBackend(Backend):
     # -----------------------------------------------------------------------------------------------
 
     def _rope(self, n_pos: int) -> None:
-        """cos/sin tables (one per distinct RoPE) of at least n_pos positions on the device, computed on
-        the host as the CPU backend computes them. Rows depend only on their position."""
+        """cos/sin tables (one per distinct RoPE) of at least n_pos positions on the device: the CPU
+        backend's (`AttentionSetup.rope_rows`, YaRN's factor included), computed on the host. Rows depend
+        only on their position."""
         if self._rope_n >= n_pos:
             return
         n = max(n_pos, min(2 * self._rope_n, self.config.context_length))
-        half = self.config.head_dim // 2
-        cos, sin = [], []
-        for f in self._inv_freq:
-            c, s = np.empty((n, half), np.float32), np.empty((n, half), np.float32)
-            rope_tables(n, f, c, s)
-            cos.append(self.dev.to_device(c))
-            sin.append(self.dev.to_device(s))
-        self._cos, self._sin, self._rope_n = cos, sin, n
+        cos, sin = self._att.rope_rows(n, rope_tables)
+        self._cos, self._sin = [self.dev.to_device(c) for c in cos], [self.dev.to_device(s) for s in sin]
+        self._rope_n = n
 
     def forward_batch(self, items: Sequence[tuple], cache: CudaKVCache, all_logits: bool = False,
                       hook: Hook | None = None) -> list[np.ndarray | None]:
@@ -306,7 +298,7 @@ class CudaBackend(Backend):
             self._see(hook, li, Q, pos, slots, qkv, 0, q_dim)
             self._see(hook, li, K, pos, slots, qkv, q_dim, q_dim + kv_dim)
             self._see(hook, li, V, pos, slots, qkv, q_dim + kv_dim, q_dim + 2 * kv_dim)
-            r = self._layer_rope[li]
+            r = self._att.layer_rope[li]
             qn, kn = v["q_norm"], v["k_norm"]
             dev.launch("rope_store", (blocks(T * (H + cfg.n_kv_heads)),), (BLOCK,),
                        (qkv, T, q_dim, kv_dim, hd, self._cos[r], self._sin[r], ws.pos, ws.slots, kc, vc, half, tiles,
@@ -317,7 +309,7 @@ class CudaBackend(Backend):
                 keys = dev.to_host(kc[ws.slots, :, ws.pos // ATILE, :, ws.pos % ATILE])
                 keys = keys.view(np.float16).astype(np.float32) if half else np.array(keys, np.float32)
                 hook(li, ROPE_K, pos, slots, np.ascontiguousarray(keys.reshape(T, kv_dim)))
-            self._attention(ws, kc, vc, half, tiles, cache.capacity, self._windows[li])
+            self._attention(ws, kc, vc, half, tiles, cache.capacity, self._att.windows[li])
             self._see(hook, li, ATTENTION, pos, slots, ws.att)
             self._project(ws.att, "wo", li, v["post_attn_norm"], hook, (ATTN_OUTPUT, POST_ATTN_NORM, ATTN_RESIDUAL),
                           ws, pos, slots)
@@ -364,5 +356,5 @@ class CudaBackend(Backend):
         T, H, hd = ws.T, cfg.n_heads, cfg.head_dim
         threads = max(BLOCK, -(-(hd + 1) // 32) * 32)  # a thread per d and one for the denominator
         self.dev.launch("attend", (T * H,), (threads,),
-                        (ws.q, T, H, cfg.n_kv_heads, hd, kc, vc, half, tiles, cap, ws.pos, ws.slots, self._scale,
+                        (ws.q, T, H, cfg.n_kv_heads, hd, kc, vc, half, tiles, cap, ws.pos, ws.slots, self._att.scale,
                          window, ws.att))

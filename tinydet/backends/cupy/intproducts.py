@@ -1,4 +1,4 @@
-"""The integer mode (dtype "int8") of the GPU backend, host side: `intpanels.IntPanels` on the device, the
+"""The integer mode (dtype "int8") of the GPU backend, host side: `packing.intpanels.IntPanels` on the device, the
 activations' quantization buffers, and the launches of a product whose segments are integer parts
 (kernels.cu `act_quant`, `imm_*`) beside float ones (`products.mm`'s gemv / gemm).
 
@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..cpu.layout import K_QUANTS, NATIVE_TYPES
-from ..cpu.intpanels import IntPanels
+from ...packing.intpanels import IntPanels
+from ...packing.layout import K_QUANTS
+from ...packing.names import NATIVE_TYPES
 
 IROWS, IOUT, ITHREADS = 8, 32, 256  # kernels.cu IROWS, IOUT (the largest tn), ITHREADS
 PREFIX = "int_"  # a segment's kernel suffix for an integer part: int_<type>

@@ -150,7 +150,7 @@ DEV float tanh32(float v) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Weights: element (n, k) of a matrix in one of the CPU backend's storages (cpu/layout.py), exactly
+// Weights: element (n, k) of a matrix in one of the CPU backend's storages (packing/layout.py), exactly
 // as cpu/qblocks.py computes it. `n` counts from the first output of the panels at p0; scale arrays
 // (d, m) are fp16 bits (MXFP4's d: E8M0 bytes).
 
@@ -158,7 +158,7 @@ struct W { const void *qs, *d, *m, *sc, *qh; int K; i64 p0; };
 
 DEV float scale_at(const void* a, i64 i) { return f16_to_f32(((const u16*)a)[i]); }
 
-// Q8_0I: Q8_0 in the integer mode's layout (cpu/intpanels.py: qs (P, nb, 8, 32, 4)), for embeddings only.
+// Q8_0I: Q8_0 in the integer mode's layout (packing/intpanels.py: qs (P, nb, 8, 32, 4)), for embeddings only.
 enum { F32P, F16P, F32R, F16R, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, MXFP4, Q8_0I, Q5_1 };
 
 // A quantized 32-element block's values, in two steps: `qblock` loads what its elements share (scales,

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..cpu.intpanels import IntPanels
-from ..cpu.layout import MixedPanels, QPanels
+from ...packing.intpanels import IntPanels
+from ...packing.layout import MixedPanels, QPanels
 from . import intproducts
 from .intproducts import ActBuffers, embed_kernel, int_mm, is_int
 

@@ -1,5 +1,5 @@
 """Float panels (kinds "f32" and "f16"): W[N, K] as Wp[ceil(N/64), K, 64] of float32, or of fp16 bits
-(uint16) widened exactly where read (`layout.pack_panels`). The storage is the array itself (stacked
+(uint16) widened exactly where read (`packing.layout.pack_panels`). The storage is the array itself (stacked
 over layers: (L, P, K, 64)); a mixed storage's float part is (tag, panels, None, None, None, None).
 
 A float panel is two decode units of 32 outputs and one prefill group of 64. fp32 panels are tiled

@@ -1,5 +1,5 @@
-"""The integer mode's storage (kind "int8", one ggml type per kind: `intpanels.INT_TYPES`): the
-storage (tag, qs, d, m, sc, qh) of `intpanels.IntPanels`, stacked over layers on every array's first
+"""The integer mode's storage (kind "int8", one ggml type per kind: `packing.intpanels.INT_TYPES`): the
+storage (tag, qs, d, m, sc, qh) of `packing.intpanels.IntPanels`, stacked over layers on every array's first
 axis, multiplied by the integer block dots of `intdot.py` against the rows of x quantized to 8-bit
 blocks (`actq.py`: 32 elements a block, 256 for the K-quants), once per product."""
 
@@ -11,7 +11,7 @@ from numba.extending import overload
 
 from ..actq import quantize_rows
 from ..intdot import act_block, group_kernel, int_element, tile_rows, units_kernel
-from ..layout import QBLOCK
+from ....packing.layout import QBLOCK
 from ..qblocks import q_element
 from ....numerics.simd import HALF
 from .common import pick

@@ -1,5 +1,5 @@
-"""The integer mode's kinds of mixed types (dtype "int8"): a `layout.MixedPanels` whose quantized parts
-are `intpanels.IntPanels` (a Q4_K_M file's wqkv, q and k Q4_K with v Q6_K in some layers; its ffn_down
+"""The integer mode's kinds of mixed types (dtype "int8"): a `packing.layout.MixedPanels` whose quantized parts
+are `packing.intpanels.IntPanels` (a Q4_K_M file's wqkv, q and k Q4_K with v Q6_K in some layers; its ffn_down
 Q4_K in some layers and Q6_K in others; [wq; wk] Q5_0 with wv Q8_0).
 
 Each segment is computed as a matrix of its own type alone would be in this mode: an integer part by
@@ -11,7 +11,7 @@ block size alone, so every segment of one block
 size reads the same quants, whichever segments there are. Segments start at multiples of 64 outputs, so
 the work split (decode units of 32 outputs, prefill groups of 64) never straddles two.
 
-The storage tuple (kind "int8-mixed", `layout.as_storage`): (tag, table, then 6 slots per part): an
+The storage tuple (kind "int8-mixed", `kinds.as_storage`): (tag, table, then 6 slots per part): an
 integer part's own storage (tag, qs, d, m, sc, qh), a float part's (tag, panels, 4 Nones), as native's
 (`mixed.py`); the table is MixedPanels'.
 The activations the products take: (x, then xq, xd, xs of the 32-blocks, then of the 256-blocks), flat

@@ -1,12 +1,13 @@
 """A storage kind as a numba type: the tag that every storage tuple carries in its first slot.
 
-What the kernels take for a matrix (`layout.as_storage`) is float panels, an array whose numba type
-(float32 or uint16 elements) is its kind, or a flat tuple whose first slot is a `Kind`, a value with
-no data (`Kind`) whose numba type `StorageKind` names the kind (and, for quantized kinds, the ggml type):
+What the kernels take for a packed matrix (`as_storage`, from `packing/`'s panels) is float panels,
+an array whose numba type (float32 or uint16 elements) is its kind, or a flat tuple whose first slot
+is a `Kind`, a value with no data (`Kind`) whose numba type `StorageKind` names the kind (and, for
+quantized kinds, the ggml type):
 
-  ("native", Q4_1)   (tag, qs, d, m, sc, qh)      `layout.QPanels`' arrays, None where the type has none
-  ("int8", Q4_1)     (tag, qs, d, m, sc, qh)      `intpanels.IntPanels`' arrays
-  ("mixed",)         (tag, table, 6 slots per part)   `layout.MixedPanels`: each part a quantized
+  ("native", Q4_1)   (tag, qs, d, m, sc, qh)      `QPanels`' arrays, None where the type has none
+  ("int8", Q4_1)     (tag, qs, d, m, sc, qh)      `IntPanels`' arrays
+  ("mixed",)         (tag, table, 6 slots per part)   `MixedPanels`: each part a quantized
   ("int8-mixed",)                                      storage, or (f32/f16 tag, panels, 4 Nones)
 
 The tuples are flat because numba's parallel regions take no nested tuples. Every interface function
@@ -22,6 +23,10 @@ import numpy as np
 from numba import types
 from numba.core.imputils import lower_constant
 from numba.extending import NativeValue, models, register_model, typeof_impl, unbox
+
+from ....packing.intpanels import IntPanels
+from ....packing.layout import MixedPanels, QPanels, kind_name
+from ....packing.names import NATIVE_TYPES
 
 
 class StorageKind(types.Opaque):
@@ -77,6 +82,23 @@ def _unbox(typ, obj, c):
 @lower_constant(StorageKind)
 def _constant(context, builder, ty, pyval):
     return context.get_dummy_value()
+
+
+def as_storage(w):
+    """What the kernels take for a packed matrix (the module docstring): float panels as they are,
+    `QPanels` and `IntPanels` as (tag, qs, d, m, sc, qh), `MixedPanels` as (tag, table, then 6 slots
+    per part: a quantized part's tuple, or a float part's tag, its panels and four Nones), of kind
+    "int8-mixed" where a part is of the integer mode, else "mixed"."""
+    if isinstance(w, QPanels):
+        return (tag("native", w.type_name), w.qs, w.d, w.m, w.sc, w.qh)
+    if isinstance(w, IntPanels):
+        return (tag("int8", NATIVE_TYPES[w.ggml_type]), w.qs, w.d, w.m, w.sc, w.qh)
+    if isinstance(w, MixedPanels):
+        slots = [(tag(kind_name(p)), p, None, None, None, None) if isinstance(p, np.ndarray) else as_storage(p)
+                 for p in w.parts]
+        kind = "int8-mixed" if any(s[0].kind == "int8" for s in slots) else "mixed"
+        return (tag(kind), w.table) + tuple(a for s in slots for a in s)
+    return w
 
 
 _TABLE: dict = {}

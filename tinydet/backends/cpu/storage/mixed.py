@@ -1,4 +1,4 @@
-"""Matrix kinds whose rows are not all one storage type (kind "mixed", `layout.MixedPanels`): layers of
+"""Matrix kinds whose rows are not all one storage type (kind "mixed", `packing.layout.MixedPanels`): layers of
 different types, or a layer's rows in runs (segments) of different types, each segment starting at a
 multiple of 64 outputs, so that every decode unit and prefill group lies in one segment and is read
 exactly as a matrix of the segment's type would be.

@@ -1,5 +1,5 @@
 """GGUF's quantized blocks kept as the file stores them (kind "native", one ggml type per kind:
-`layout.NATIVE_TYPES`), in the quantized panels of `layout.py`: the storage (tag, qs, d, m, sc, qh),
+`packing.layout.NATIVE_TYPES`), in the quantized panels of `packing/layout.py`: the storage (tag, qs, d, m, sc, qh),
 stacked over layers on every array's first axis. `qblocks.py` reads each type's blocks as float32,
 exactly the values `formats.dequant` gives, so every type computes the float32 matrix's bits.
 
@@ -14,7 +14,7 @@ from functools import lru_cache
 from numba import njit
 from numba.extending import overload
 
-from ..layout import QBLOCK
+from ....packing.layout import QBLOCK
 from ..qblocks import q_dequantize_pair, q_element, q_rows, q_unit, q_unit_pair
 from ....numerics.simd import HALF, LANES, target_isa, v_part
 from ..tiles import buffered, put

@@ -1,5 +1,5 @@
-"""Weights of the integer mode (dtype "int8", `intdot.py`): quantized panels whose quants the integer
-block dots read 4 bytes to a 32-bit lane. Layout only: the bytes are the file's, moved.
+"""Weights of the integer mode (dtype "int8", `backends/cpu/intdot.py`): quantized panels whose quants
+the integer block dots read 4 bytes to a 32-bit lane. Layout only: the bytes are the file's, moved.
 
 Every type keeps the native panels of `layout.py` (32 rows side by side, fp16 scales as stored) but
 Q8_0, whose int8 quants are regrouped:
@@ -7,13 +7,12 @@ Q8_0, whose int8 quants are regrouped:
   Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, MXFP4  the native arrays as they are. A nibble word holds elements 8g .. 8g+7 of a block;
                     `w & 0x0F0F0F0F` is elements (0, 2, 4, 6) of the group, one per byte, and
                     `(w >> 4) & 0x0F0F0F0F` elements (1, 3, 5, 7): the activations are stored in that
-                    order (`actq.py`), so the words feed the byte dots with no shuffle.
+                    order (`backends/cpu/actq.py`), so the words feed the byte dots with no shuffle.
   Q8_0              qs int8 (P, nb, 8, 32, 4): [p, b, 2g + h, j, i] = quant of element 32b + 8g + 2i + h
                     of row 32p + j, the same order. 1 B/weight, as in the file.
 
-The storage tuple the kernels take (`as_storage`) is (tag, qs, d, m, sc, qh): `tag` names the kind
-("int8" and the ggml type, `storage.kinds`), the other slots are `layout.QPanels`' (None where the
-type has no such array).
+The arrays are `layout.QPanels`' (None where the type has no such array); the CPU kernels take them
+as a storage tuple tagged "int8" (`backends/cpu/storage/kinds.as_storage`).
 """
 
 from __future__ import annotations
@@ -22,9 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .layout import K_QUANTS, NATIVE_TYPES, QBLOCK, QK_K, Q4_K, Q5_0, Q5_K, Q6_K, QPanels, aligned_empty
-from ...formats.ggml import MXFP4, Q4_0, Q4_1, Q8_0
-from .storage.kinds import tag
+from .layout import K_QUANTS, QBLOCK, QK_K, Q4_K, Q5_0, Q5_K, Q6_K, QPanels, aligned_empty
+from ..formats.ggml import MXFP4, Q4_0, Q4_1, Q8_0
+from .names import NATIVE_TYPES
 
 #: the types the integer mode computes in integers; others keep native mode's float path
 INT_TYPES = (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, MXFP4)
@@ -53,9 +52,6 @@ class IntPanels:
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays())
-
-    def storage(self) -> tuple:
-        return (tag("int8", NATIVE_TYPES[self.ggml_type]), self.qs, self.d, self.m, self.sc, self.qh)
 
     def check(self) -> None:
         """Raise unless the arrays have this module's layout, one matrix (the kernels read raw pointers)."""

@@ -1,4 +1,5 @@
-"""A checkpoint's tensors packed for the CPU kernels, for one dtype; loading does this, once.
+"""A checkpoint's tensors packed for one dtype, in the panels both backends read (the GPU backend
+copies them to the device as they are); loading does this, once.
 
   fp32    every matrix as float32 panels
   fp16    every matrix as binary16 panels (rounded here, once, to nearest even; KV cache fp16 too)
@@ -7,8 +8,8 @@
           kind whose layers (or runs of rows) differ in type keeps each as stored (`MixedPanels`)
           where the runs start at multiples of 64 rows; the bits of fp32
   int8    native storage, but the quantized matrices computed in integers against activations
-          quantized to 8 bits (`intdot.py`, `actq.py`; Q8_0's quants regrouped, `intpanels.py`), the
-          quantized segments of kinds of mixed types too (`intmixed.py`); F16/F32 as in native
+          quantized to 8 bits (`backends/cpu/intdot.py`, `actq.py`; Q8_0's quants regrouped,
+          `intpanels.py`), the quantized segments of kinds of mixed types too; F16/F32 as in native
 Norm weights and biases stay float32. Matrices of one kind are stacked over layers (one array each,
 for the one-call forward pass); [wq; wk; wv] and [w1; w3] are packed as one matrix each. Packing goes
 a few thousand rows at a time and releases each part of the file as it is copied, so that loading
@@ -19,21 +20,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...config import ModelConfig
-from ...formats import Tensor
-from ...formats.ggml import F16
-from .layout import (LANES, NATIVE_TYPES, MixedPanels, QPanels, aligned_empty, layer_of, pack_mixed, pack_panels,
+from ..config import ModelConfig
+from ..formats import Tensor
+from ..formats.ggml import F16
+from .layout import (LANES, MixedPanels, QPanels, aligned_empty, layer_of, pack_mixed, pack_panels,
                      pack_parts, pack_stack)
 from . import repack
 from .intpanels import INT_TYPES, IntPanels, from_qpanels
-from ...numerics.simd import to_f16_bits
+from .names import MATRICES, MOE_MATRICES, NATIVE_TYPES
+from ..numerics.simd import to_f16_bits
 
-DTYPES = ("fp32", "fp16", "native", "int8")
-MATRICES = (("wqkv", ("wq", "wk", "wv")), ("wo", ("wo",)), ("w13", ("w1", "w3")), ("w2", ("w2",)))
-# A mixture of experts' matrix kinds (ModelConfig.n_experts) in place of w13 and w2: the router stacked
-# over layers, each expert's [w1; w3] and w2 stacked over (layer, expert), layer l's expert e at
-# l * n_experts + e.
-MOE_MATRICES = (("router", ("router",)), ("w13e", ("w1", "w3")), ("w2e", ("w2",)))
 _PACK_ROWS = 4096  # rows dequantized and packed at a time (bounds the float32 temporaries)
 
 

@@ -20,8 +20,8 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ...formats.ggml import GGML_TYPE_IDS
-from ...numerics.simd import HALF as QPANEL
+from ..formats.ggml import GGML_TYPE_IDS
+from ..numerics.simd import HALF as QPANEL
 
 _Q8_0, _Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q4_K, _Q5_K, _Q6_K, _MXFP4 = (
     GGML_TYPE_IDS[t] for t in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "MXFP4"))

@@ -42,8 +42,9 @@ from typing import Callable
 import numpy as np
 from numba import njit, prange
 
-from ...hashing import file_sha256, indexed_sha256, remember_sha256, source_hash
-from ...paths import cache_base, file_lock
+from .. import numerics  # noqa: F401  (first: numba's cache directory, before the checksum kernels compile)
+from ..hashing import file_sha256, indexed_sha256, remember_sha256, source_hash
+from ..paths import cache_base, file_lock
 from .intpanels import IntPanels
 from .layout import MixedPanels, QPanels
 

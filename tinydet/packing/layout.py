@@ -1,14 +1,15 @@
-"""The CPU backend's weight layouts: float panels and quantized panels. Layout only: packing moves
+"""The weight layouts both backends read: float panels and quantized panels. Layout only: packing moves
 bytes and never rounds anything (fp16's one rounding is `simd.to_f16_bits`, at load).
 
 Float panels: W[N, K] -> Wp[ceil(N/64), K, 64], rows past N zero: the inner loop of the matrix
 product runs over 64 independent outputs.
 
 Quantized panels, for GGUF's block-quantized matrices (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, MXFP4), read
-by `loaders.py`: the fp32 path dequantizes W[N, K] and packs it as float panels; the native path keeps
-GGUF's blocks and rearranges them the same way, L = 32 rows (outputs, `QPANEL`) side by side, so that
-the kernel's inner loop runs over L contiguous lanes just as it does for floats. With P = ceil(N / 32)
-panels, nb = K/32 blocks of 32 elements and ns = K/256 super-blocks (K-quants) per row:
+by the CPU's `loaders.py` and the GPU's kernels: the fp32 path dequantizes W[N, K] and packs it as
+float panels; the native path keeps GGUF's blocks and rearranges them the same way, L = 32 rows
+(outputs, `QPANEL`) side by side, so that the kernel's inner loop runs over L contiguous lanes just as
+it does for floats. With P = ceil(N / 32) panels, nb = K/32 blocks of 32 elements and ns = K/256
+super-blocks (K-quants) per row:
 
   qs  Q8_0    int8   (P, K, 32)       qs[p, k, j] = quant k of row 32p+j                    1 B/weight
       others  uint32 (P, nb, 4, 32)   qs[p, b, g, j] = the low 4 bits of elements 32b+8g .. 32b+8g+7
@@ -29,7 +30,7 @@ panels, nb = K/32 blocks of 32 elements and ns = K/256 super-blocks (K-quants) p
       Q5_K
 
 i.e. exactly GGUF's bytes per weight (34/32, 18/32, 20/32, 22/32, 24/32, 144/256, 176/256, 210/256, MXFP4's
-17/32; its nibbles are E2M1 codes, not integers, `qblocks.py`). The
+17/32; its nibbles are E2M1 codes, not integers, `backends/cpu/qblocks.py`). The
 4-bit quants are regrouped from ggml's byte order (Q4_x/Q5_0/MXFP4 byte i: element i in the low nibble,
 element 16+i in the high one; Q4_K/Q5_K: sub-block 2c the low and 2c+1 the high nibbles of bytes
 32c..32c+31; Q6_K's own interleaving, `formats.dequant`) into 32-bit words of 8 consecutive elements,
@@ -59,19 +60,16 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from ...formats.ggml import GGML_TYPE_IDS, GGML_TYPES, MXFP4, Q4_0, Q4_1, Q8_0
-from ...numerics.simd import HALF as QPANEL  # rows per quantized panel: the kernels' 32-lane vectors
+from ..formats.ggml import GGML_TYPE_IDS, GGML_TYPES, MXFP4, Q4_0, Q4_1, Q8_0
+from ..numerics.simd import HALF as QPANEL  # rows per quantized panel: the kernels' 32-lane vectors
 from . import repack
-from ...numerics.simd import LANES
-from .storage.kinds import tag
+from ..numerics.simd import LANES
+from .names import NATIVE_TYPES
 
 QBLOCK = 32  # elements per Q8_0 / Q4_0 / Q4_1 / Q5_0 block, and per K-quant sub-block
 QK_K = 256  # elements per K-quant super-block
 Q5_0, Q5_1, Q4_K, Q5_K, Q6_K = (GGML_TYPE_IDS[t] for t in ("Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"))
 K_QUANTS = (Q4_K, Q5_K, Q6_K)
-
-#: ggml type ids the native path handles -> type name.
-NATIVE_TYPES = {t: GGML_TYPES[t].name for t in (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, MXFP4)}
 
 
 def aligned_empty(shape, dtype, align: int = 64) -> np.ndarray:
@@ -133,10 +131,6 @@ class QPanels:
     def arrays(self) -> list[np.ndarray]:
         return [a for a in (self.qs, self.d, self.m, self.sc, self.qh) if a is not None]
 
-    def storage(self) -> tuple:
-        """The kernels' storage tuple (`as_storage`)."""
-        return (tag("native", self.type_name), self.qs, self.d, self.m, self.sc, self.qh)
-
     @property
     def nbytes(self) -> int:
         """Bytes a full pass over the matrix reads (padding included)."""
@@ -159,13 +153,6 @@ class QPanels:
                          and a.flags.c_contiguous)
         if not ok:
             raise ValueError("QPanels: the packed arrays do not have the quantized panel layout")
-
-
-def as_storage(w):
-    """What the kernels take for a matrix: float panels as they are, any other storage as its flat
-    tuple, whose first slot is the tag of its kind (`storage.kinds`): `QPanels` as (tag, qs, d, m, sc,
-    qh), `MixedPanels` as (tag, table, 6 slots per part), `intpanels.IntPanels` as QPanels."""
-    return w.storage() if hasattr(w, "storage") else w
 
 
 _CHUNK_ROWS = 4096  # rows packed between two release() calls
@@ -296,7 +283,7 @@ def pack_quantized(raw_rows: np.ndarray, ggml_type: int, k: int, row_order: np.n
 
 def stack(layers: Iterable[QPanels], n: int | None = None) -> QPanels:
     """Equal-shaped QPanels of one type (one per layer) -> one QPanels whose arrays have a leading
-    layer axis, for the forward pass (`loaders.layer` picks one). Each layer is copied into the stack
+    layer axis, for the forward pass (the CPU's `loaders.layer` picks one). Each layer is copied into the stack
     as it comes, so that `layers` may be an iterator of `n` layers packed on demand: packing then
     holds the stack and one layer, not every layer twice."""
     n = len(layers) if n is None else n
@@ -356,19 +343,10 @@ class MixedPanels:
 
     @property
     def type_name(self) -> str:
-        return "+".join(_kind_name(p) for p in self.parts)
+        return "+".join(kind_name(p) for p in self.parts)
 
     def arrays(self) -> list[np.ndarray]:
         return [a for p in self.parts for a in ([p] if isinstance(p, np.ndarray) else p.arrays())]
-
-    def storage(self) -> tuple:
-        """The kernels' storage tuple (`as_storage`): (tag, table, then 6 slots per part): a quantized
-        part's storage tuple, or float panels' tag, the panels and four Nones. A kind with parts of
-        the integer mode is of kind "int8-mixed" (`storage.intmixed`), else "mixed"."""
-        slots = [(tag(_kind_name(p)), p, None, None, None, None) if isinstance(p, np.ndarray) else p.storage()
-                 for p in self.parts]
-        kind = "int8-mixed" if any(s[0].kind == "int8" for s in slots) else "mixed"
-        return (tag(kind), self.table) + tuple(a for s in slots for a in s)
 
     @property
     def nbytes(self) -> int:
@@ -410,7 +388,8 @@ def st_panels(st) -> int:
     return st.shape[0] if isinstance(st, np.ndarray) else st.qs.shape[0]
 
 
-def _kind_name(st) -> str:
+def kind_name(st) -> str:
+    """A part's storage type name: its quantized type's, or "f16"/"f32" for float panels."""
     if not isinstance(st, np.ndarray):
         return st.type_name
     return "f16" if st.dtype == np.uint16 else "f32"
