@@ -2,7 +2,7 @@
 SentencePiece family.
 
 No Mistral or Phi-3 checkpoint can be fetched on the project's machines, so this module makes small ones
-(`arch` "mistral" or "phi3"): the same random weights written as
+(`arch` "mistral" or "phi3") on tinygen's scaffold: the same random weights written as
 
 * a Hugging Face directory (`write_hf_dir`): model.safetensors written by transformers'
   `MistralForCausalLM` / `Phi3ForCausalLM.save_pretrained` (fp32), plus config.json,
@@ -59,10 +59,7 @@ of a 32768-token vocabulary). Phi-3: the template of Phi-3-mini-4k-instruct's Ju
 added the system turn (the text of llama.cpp's models/templates/microsoft-Phi-3.5-mini-instruct.jinja,
 which Phi-3.5-mini shares); generation_config.json's eos ids [<|endoftext|>, <|assistant|>, <|end|>]
 as Phi-3-mini-4k-instruct's ([32000, 32001, 32007]).
-
-Everything is written deterministically: the same call writes byte-identical files on any machine
-(weights from `np.random.RandomState`; JSON written here, not by a library). `write_gguf` needs numpy
-and gguf only; `write_hf_dir` also needs torch and transformers.
+`write_gguf` needs numpy and gguf only; `write_hf_dir` also needs torch and transformers.
 """
 
 from __future__ import annotations
@@ -72,15 +69,14 @@ from pathlib import Path
 
 import numpy as np
 
-import gemma3gen as _G  # the SentencePiece-style piece trainer, generate_merges, token types
-from tinygen import QUANTS, add_tensor, stored_values
-from tinygen import gguf_name as _gguf_name
-from tinygen import write_json as _write_json
-from qwen2gen import llama_permute  # the converter's Q/K row order
+import gemmatok as _G  # the SentencePiece-style piece trainer, generate_merges, token types
+import tinygen
+from tinygen import GGUF_NAMES, QUANTS, Body, Tiny, write_json  # noqa: F401 (the tests' names)
 
 GENERATOR_VERSION = 1  # bump when any written byte changes (for callers that cache the files)
 
 ARCHS = {"mistral": "Mistral", "phi3": "Phi3"}
+GGUF_ARCH = {"mistral": "llama", "phi3": "phi3"}  # general.architecture
 
 # ---------------------------------------------------------------------------------------------------
 # The model
@@ -96,10 +92,6 @@ RMS_EPS = 1e-5  # both models' rms_norm_eps
 ROPE_THETA = {"mistral": 1_000_000.0, "phi3": 10_000.0}  # Mistral 7B v0.2/v0.3, Phi-3-mini
 PHI3_SLIDING_WINDOW = 7
 
-EMBED_STD = 0.1
-MATRIX_STD = 0.08
-LM_HEAD_STD = 0.2
-NORM_STD = 0.1  # norm weights are 1 + NORM_STD * N(0, 1)
 
 # ---------------------------------------------------------------------------------------------------
 # The tokenizer
@@ -396,6 +388,45 @@ def gguf_vocab(arch: str = "mistral") -> tuple[list[str], list[float], list[int]
     return tokens, scores, types
 
 
+
+def add_vocab(w, arch: str) -> None:
+    """The vocabulary keys as the converter writes them: `tokenizer.ggml.model = llama`, then
+    SpecialVocab's (tokenizer_config's bos/eos/unk/pad, config.json's ids agreeing; add_bos from the
+    post-processor (Mistral's adds <s>; its pair template makes add_sep false) or else from
+    tokenizer_config (Phi-3: false), add_eos from tokenizer_config; the chat template."""
+    tokens, scores, toktypes = gguf_vocab(arch)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(toktypes)
+    w.add_bos_token_id(BOS_ID)
+    if arch == "mistral":
+        w.add_eos_token_id(EOS_ID)
+        w.add_unk_token_id(UNK_ID)
+        w.add_add_bos_token(True)
+        w.add_add_sep_token(False)
+        w.add_add_eos_token(False)
+        w.add_chat_template(MISTRAL_CHAT_TEMPLATE)
+    else:
+        eot = token_id("<|endoftext|>", arch)
+        w.add_eos_token_id(eot)
+        w.add_unk_token_id(UNK_ID)
+        w.add_pad_token_id(eot)
+        w.add_add_bos_token(False)
+        w.add_add_eos_token(False)
+        w.add_chat_template(PHI3_CHAT_TEMPLATE)
+
+
+def write_tokenizer_files(hf_dir: Path, arch: str = "mistral") -> None:
+    """tokenizer.json, tokenizer_config.json (and Phi-3's added_tokens.json)."""
+    hf_dir = Path(hf_dir)
+    write_json(hf_dir / "tokenizer.json", tokenizer_json(arch))
+    write_json(hf_dir / "tokenizer_config.json", tokenizer_config_json(arch))
+    if arch == "phi3":
+        write_json(hf_dir / "added_tokens.json", added_tokens_json())
+
+
 # ---------------------------------------------------------------------------------------------------
 # Config and weights
 
@@ -474,268 +505,77 @@ def generation_config_json(arch: str = "mistral") -> dict:
             "pad_token_id": eot}
 
 
+
+def spec(arch: str = "mistral", tied: bool = False, head_dim: int | None = None) -> Tiny:
+    """The tinygen spec of `arch` (Mistral: `llama` GGUF, Q/K rows permuted; Phi-3: fused tensors)."""
+    hd, a = head_dim_of(head_dim), GGUF_ARCH[arch]
+    body = Body(HIDDEN, LAYERS, HEADS, KV_HEADS, hd, FFN, vocab_size(arch), tied=tied, fused=arch == "phi3")
+    if arch == "mistral":  # TextModel.set_gguf_parameters, then LlamaModel's
+        hp = {"block_count": LAYERS, "context_length": CONTEXT, "embedding_length": HIDDEN, "feed_forward_length": FFN,
+              "attention.head_count": HEADS, "attention.head_count_kv": KV_HEADS, "rope.freq_base": ROPE_THETA[arch],
+              "attention.layer_norm_rms_epsilon": RMS_EPS}
+        if head_dim is not None:  # config.json's head_dim
+            hp |= {"attention.key_length": head_dim, "attention.value_length": head_dim}
+        hp |= {"file_type": None, "vocab_size": vocab_size(arch), "rope.dimension_count": hd}
+    else:  # Phi3MiniModel.set_gguf_parameters
+        hp = {"context_length": CONTEXT, "rope.scaling.original_context_length": CONTEXT, "embedding_length": HIDDEN,
+              "feed_forward_length": FFN, "block_count": LAYERS, "attention.head_count": HEADS,
+              "attention.head_count_kv": KV_HEADS, "attention.layer_norm_rms_epsilon": RMS_EPS,
+              "rope.dimension_count": hd,  # int(partial_rotary_factor * dim) // heads
+              "rope.freq_base": ROPE_THETA[arch], "file_type": None, "attention.sliding_window": PHI3_SLIDING_WINDOW}
+    hparams = {("general." if k == "file_type" else f"{a}.") + k: v for k, v in hp.items()}
+    stem = arch + ("-tied" if tied else "") + (f"-hd{head_dim}" if head_dim is not None else "")
+    return Tiny(stem, ARCHS[arch] + (" Tied" if tied else ""), body, config_json(arch, tied, head_dim),
+                generation_config_json(arch), lambda d: write_tokenizer_files(d, arch), a, hparams,
+                lambda w: add_vocab(w, arch), permute=arch == "mistral")
+
+
 def state_dict(arch: str = "mistral", tied: bool = False, seed: int = 0,
                head_dim: int | None = None) -> dict[str, np.ndarray]:
     """The weights under transformers' MistralForCausalLM / Phi3ForCausalLM names, float32, drawn in
-    this fixed order (Phi-3's fused matrices drawn whole)."""
-    rs = np.random.RandomState(seed)
-
-    def normal(shape, std):
-        return (rs.standard_normal(shape) * std).astype(np.float32)
-
-    def norm(n=HIDDEN):
-        return (1.0 + rs.standard_normal(n) * NORM_STD).astype(np.float32)
-
-    hd = head_dim_of(head_dim)
-    q, kv = HEADS * hd, KV_HEADS * hd
-    sd = {"model.embed_tokens.weight": normal((vocab_size(arch), HIDDEN), EMBED_STD)}
-    for i in range(LAYERS):
-        p = f"model.layers.{i}."
-        sd[p + "input_layernorm.weight"] = norm()
-        if arch == "phi3":
-            sd[p + "self_attn.qkv_proj.weight"] = normal((q + 2 * kv, HIDDEN), MATRIX_STD)
-        else:
-            for x, rows in (("q", q), ("k", kv), ("v", kv)):
-                sd[p + f"self_attn.{x}_proj.weight"] = normal((rows, HIDDEN), MATRIX_STD)
-        sd[p + "self_attn.o_proj.weight"] = normal((HIDDEN, q), MATRIX_STD)
-        sd[p + "post_attention_layernorm.weight"] = norm()
-        if arch == "phi3":
-            sd[p + "mlp.gate_up_proj.weight"] = normal((2 * FFN, HIDDEN), MATRIX_STD)
-        else:
-            sd[p + "mlp.gate_proj.weight"] = normal((FFN, HIDDEN), MATRIX_STD)
-            sd[p + "mlp.up_proj.weight"] = normal((FFN, HIDDEN), MATRIX_STD)
-        sd[p + "mlp.down_proj.weight"] = normal((HIDDEN, FFN), MATRIX_STD)
-    sd["model.norm.weight"] = norm()
-    lm_head = normal((vocab_size(arch), HIDDEN), LM_HEAD_STD)  # drawn either way, so the others do not move
-    if not tied:
-        sd["lm_head.weight"] = lm_head
-    return sd
-
-
-# ---------------------------------------------------------------------------------------------------
-# Writers
-
-def hf_config(arch: str = "mistral", tied: bool = False, head_dim: int | None = None, attn: str = "eager"):
-    """transformers' MistralConfig / Phi3Config of config_json() (attention implementation `attn`)."""
-    import transformers
-
-    skip = ("architectures", "model_type", "torch_dtype")
-    c = {k: v for k, v in config_json(arch, tied, head_dim).items() if k not in skip}
-    cfg = getattr(transformers, f"{ARCHS[arch]}Config")(**c)
-    cfg._attn_implementation = attn
-    return cfg
+    a fixed order (Phi-3's fused matrices drawn whole)."""
+    return spec(arch, tied, head_dim).state_dict(seed)
 
 
 def hf_model(arch: str = "mistral", tied: bool = False, seed: int = 0, head_dim: int | None = None,
              attn: str = "eager", weights: dict | None = None):
-    """The transformers MistralForCausalLM / Phi3ForCausalLM (float32, eval mode, `attn` attention:
-    eager, whose masks apply the sliding window as every implementation does) holding
-    `state_dict(arch, tied, seed, head_dim)` (or `weights`, under the same names)."""
-    import torch
-    import transformers
-
-    model = getattr(transformers, f"{ARCHS[arch]}ForCausalLM")(hf_config(arch, tied, head_dim, attn))
-    model = model.to(torch.float32)
-    sd = {k: torch.from_numpy(np.array(v, np.float32)) for k, v in (weights or state_dict(arch, tied, seed,
-                                                                                          head_dim)).items()}
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    if unexpected or set(missing) - ({"lm_head.weight"} if tied else set()):
-        raise RuntimeError(f"state dict mismatch: missing {missing}, unexpected {unexpected}")
-    if tied and model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr():
-        raise RuntimeError("lm_head is not tied to embed_tokens")
-    return model.eval()
-
-
-def write_tokenizer_files(hf_dir: Path, arch: str = "mistral") -> None:
-    """tokenizer.json, tokenizer_config.json (and Phi-3's added_tokens.json)."""
-    hf_dir = Path(hf_dir)
-    _write_json(hf_dir / "tokenizer.json", tokenizer_json(arch))
-    _write_json(hf_dir / "tokenizer_config.json", tokenizer_config_json(arch))
-    if arch == "phi3":
-        _write_json(hf_dir / "added_tokens.json", added_tokens_json())
+    """The transformers MistralForCausalLM / Phi3ForCausalLM (float32, eval mode, `attn` attention)
+    holding `state_dict(arch, tied, seed, head_dim)` (or `weights`, under the same names)."""
+    return spec(arch, tied, head_dim).hf_model(seed, weights, attn=attn)
 
 
 def write_hf_dir(hf_dir: Path, arch: str = "mistral", tied: bool = False, seed: int = 0,
                  head_dim: int | None = None) -> Path:
-    """A Hugging Face directory: model.safetensors (by save_pretrained), config.json,
-    generation_config.json and the tokenizer files. Returns hf_dir."""
-    hf_dir = Path(hf_dir)
-    hf_dir.mkdir(parents=True, exist_ok=True)
-    hf_model(arch, tied, seed, head_dim).save_pretrained(hf_dir, safe_serialization=True)
-    # save_pretrained's JSON carries its transformers version and that version's key names: write the
-    # hub's form instead, so the bytes depend on nothing installed.
-    _write_json(hf_dir / "config.json", config_json(arch, tied, head_dim))
-    _write_json(hf_dir / "generation_config.json", generation_config_json(arch))
-    write_tokenizer_files(hf_dir, arch)
-    return hf_dir
-
-
-# gguf-py's tensor map (MODEL_ARCH.LLAMA for Mistral, MODEL_ARCH.PHI3), as llama.cpp's converter names them.
-_GGUF_NAMES = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.qkv_proj.weight": "attn_qkv.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.gate_up_proj.weight": "ffn_up.weight",  # [gate; up], llama.cpp's fused SwiGLU input
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-GGUF_ARCH = {"mistral": "llama", "phi3": "phi3"}  # general.architecture
+    return spec(arch, tied, head_dim).write_hf_dir(hf_dir, seed)
 
 
 def gguf_name(hf_name: str) -> str:
-    return _gguf_name(hf_name, _GGUF_NAMES)
-
-
-def gguf_tensor_order(arch: str = "mistral", tied: bool = False, head_dim: int | None = None) -> list[str]:
-    """HF names in the order llama.cpp's converter writes them: it walks the safetensors file, whose
-    tensors are sorted by name (blk.1 before blk.10: fine for the few layers here)."""
-    return sorted(state_dict(arch, tied, head_dim=head_dim))
-
-
-def gguf_tensors(arch: str = "mistral", tied: bool = False, seed: int = 0,
-                 head_dim: int | None = None) -> list[tuple[str, np.ndarray]]:
-    """(GGUF name, float32 array) in the converter's order, as it stores them before quantizing
-    (Mistral's Q and K rows permuted)."""
-    sd = state_dict(arch, tied, seed, head_dim)
-    out = []
-    for hf_name in gguf_tensor_order(arch, tied, head_dim):
-        arr = sd[hf_name]
-        if arch == "mistral" and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
-            arr = llama_permute(arr, HEADS if "q_proj" in hf_name else KV_HEADS)
-        out.append((gguf_name(hf_name), arr))
-    return out
+    return tinygen.gguf_name(hf_name, GGUF_NAMES)
 
 
 def write_gguf(path: Path, arch: str = "mistral", quant: str | None = None, tied: bool = False, seed: int = 0,
                name: str | None = None, head_dim: int | None = None, overrides: dict | None = None,
                extra_tensors: dict | None = None) -> Path:
     """The same model as llama.cpp's converter writes it (a `llama` GGUF for Mistral, `phi3` for
-    Phi-3). quant: None/"f32" (all F32), or one of "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"
-    for every 2-D matrix (token_embd and output included, as the converter's --outtype does); 1-D
-    tensors stay F32. name: general.name, by default what the converter derives from make_tiny's
-    directory name ("Tiny Phi3": llama.cpp gives Phi-3's special tokens rstrip by that name).
-
-    For files that are wrong on purpose: `overrides` maps a metadata key ("phi3.attention.sliding_window")
-    to the value written instead of the converter's (a key it does not write is added after the
-    hyperparameters: int -> uint32, float -> float32, str -> string); `extra_tensors` (name -> float32
-    array) are written first, as the converter writes generate_extra_tensors' (Phi-3 128k's
-    rope_factors_long / rope_factors_short). Returns path."""
-    import gguf
-    from gguf import GGUFWriter, LlamaFileType
-
-    ftname = QUANTS[quant][1]
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tensors = gguf_tensors(arch, tied, seed, head_dim)
-    tokens, scores, toktypes = gguf_vocab(arch)
-    overrides = dict(overrides or {})
-    a = GGUF_ARCH[arch]
-    hd = head_dim_of(head_dim)
-
-    w = GGUFWriter(path, a)  # general.architecture; alignment 32 by default
-
-    def kv(key, add, value):
-        add(overrides.pop(f"{a}.{key}", value))
-
-    # In the converter's order: model info, hyperparameters, the quantization version, the vocabulary.
-    w.add_type(gguf.GGUFType.MODEL)
-    w.add_name(name or f"Tiny {ARCHS[arch]}" + (" Tied" if tied else "") + (f" S{seed}" if seed else ""))
-    n_params = sum(arr.size for _, arr in tensors)
-    w.add_size_label(gguf.size_label(n_params, n_params, 0, 0))  # as the converter computes it
-    if arch == "mistral":  # TextModel.set_gguf_parameters, then LlamaModel's
-        kv("block_count", w.add_block_count, LAYERS)
-        kv("context_length", w.add_context_length, CONTEXT)
-        kv("embedding_length", w.add_embedding_length, HIDDEN)
-        kv("feed_forward_length", w.add_feed_forward_length, FFN)
-        kv("attention.head_count", w.add_head_count, HEADS)
-        kv("attention.head_count_kv", w.add_head_count_kv, KV_HEADS)
-        kv("rope.freq_base", w.add_rope_freq_base, ROPE_THETA[arch])
-        kv("attention.layer_norm_rms_epsilon", w.add_layer_norm_rms_eps, RMS_EPS)
-        if head_dim is not None:  # config.json's head_dim
-            kv("attention.key_length", w.add_key_length, head_dim)
-            kv("attention.value_length", w.add_value_length, head_dim)
-        w.add_file_type(LlamaFileType[ftname])
-        kv("vocab_size", w.add_vocab_size, vocab_size(arch))
-        kv("rope.dimension_count", w.add_rope_dimension_count, hd)
-    else:  # Phi3MiniModel.set_gguf_parameters
-        kv("context_length", w.add_context_length, CONTEXT)
-        kv("rope.scaling.original_context_length", w.add_rope_scaling_orig_ctx_len, CONTEXT)
-        kv("embedding_length", w.add_embedding_length, HIDDEN)
-        kv("feed_forward_length", w.add_feed_forward_length, FFN)
-        kv("block_count", w.add_block_count, LAYERS)
-        kv("attention.head_count", w.add_head_count, HEADS)
-        kv("attention.head_count_kv", w.add_head_count_kv, KV_HEADS)
-        kv("attention.layer_norm_rms_epsilon", w.add_layer_norm_rms_eps, RMS_EPS)
-        kv("rope.dimension_count", w.add_rope_dimension_count, hd)  # int(partial_rotary_factor * dim) // heads
-        kv("rope.freq_base", w.add_rope_freq_base, ROPE_THETA[arch])
-        w.add_file_type(LlamaFileType[ftname])
-        kv("attention.sliding_window", w.add_sliding_window, PHI3_SLIDING_WINDOW)
-    _G.add_overrides(w, overrides)
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(toktypes)
-    # SpecialVocab: tokenizer_config's bos/eos/unk/pad (config.json's ids agree); add_bos from the
-    # post-processor (Mistral's adds <s>; its pair template makes add_sep false) or else from
-    # tokenizer_config (Phi-3: false), add_eos from tokenizer_config; the chat template.
-    w.add_bos_token_id(BOS_ID)
-    if arch == "mistral":
-        w.add_eos_token_id(EOS_ID)
-        w.add_unk_token_id(UNK_ID)
-        w.add_add_bos_token(True)
-        w.add_add_sep_token(False)
-        w.add_add_eos_token(False)
-        w.add_chat_template(MISTRAL_CHAT_TEMPLATE)
-    else:
-        eot = token_id("<|endoftext|>", arch)
-        w.add_eos_token_id(eot)
-        w.add_unk_token_id(UNK_ID)
-        w.add_pad_token_id(eot)
-        w.add_add_bos_token(False)
-        w.add_add_eos_token(False)
-        w.add_chat_template(PHI3_CHAT_TEMPLATE)
-    if overrides:
-        raise KeyError(f"overrides for keys write_gguf does not write: {sorted(overrides)}")
-
-    for gname, arr in list((extra_tensors or {}).items()) + tensors:
-        arr = np.asarray(arr, np.float32)
-        add_tensor(w, gname, arr, quant)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    Phi-3; tinygen.Tiny.write_gguf). name: general.name, by default what the converter derives from
+    make_tiny's directory name ("Tiny Phi3": llama.cpp gives Phi-3's special tokens rstrip by that
+    name). `overrides` and `extra_tensors` (Phi-3 128k's rope_factors_long / short, say) make files
+    that are wrong on purpose."""
+    return spec(arch, tied, head_dim).write_gguf(path, quant, seed, name, overrides, extra=extra_tensors)
 
 
 def dequantized_state_dict(arch: str = "mistral", quant: str | None = None, tied: bool = False, seed: int = 0,
                            head_dim: int | None = None) -> dict[str, np.ndarray]:
-    """state_dict() with each matrix round-tripped through what write_gguf stores for it (the float
-    weights the quantized GGUF holds), for comparing quantized files against a float reference. (Blocks
-    run along rows, so Mistral's permuted rows and Phi-3's fused ones quantize as these do.)"""
-    return {k: stored_values(v, quant) for k, v in state_dict(arch, tied, seed, head_dim).items()}
+    """state_dict() as the GGUF of `quant` stores it. (Blocks run along rows, so Mistral's permuted
+    rows and Phi-3's fused ones quantize as these do.)"""
+    return spec(arch, tied, head_dim).dequantized(quant, seed)
 
 
 def make_tiny(out_dir: Path, arch: str = "mistral", quant: str | None = None, tied: bool = False,
               seed: int = 0, head_dim: int | None = None) -> tuple[Path, Path]:
-    """Both forms under out_dir -> (hf_dir, gguf_path): out_dir/tiny-ARCH[-tied][-hdN]/ and
-    out_dir/tiny-ARCH[-tied][-hdN]-<F32|Q8_0|...>.gguf."""
-    out_dir = Path(out_dir)
-    stem = (f"tiny-{arch}" + ("-tied" if tied else "") + (f"-s{seed}" if seed else "")
-            + (f"-hd{head_dim}" if head_dim is not None else ""))
-    hf_dir = write_hf_dir(out_dir / stem, arch, tied=tied, seed=seed, head_dim=head_dim)
-    g = write_gguf(out_dir / f"{stem}-{QUANTS[quant][0]}.gguf", arch, quant=quant, tied=tied, seed=seed,
-                   head_dim=head_dim)
-    return hf_dir, g
+    """Both forms under out_dir -> (hf_dir, gguf_path): out_dir/tiny-ARCH[-tied][-hdN][-sN]/ and
+    out_dir/tiny-ARCH[-tied][-hdN][-sN]-<F32|Q8_0|...>.gguf."""
+    return spec(arch, tied, head_dim).make(out_dir, quant, seed)
 
 
 if __name__ == "__main__":  # python tests/spmgen.py OUT_DIR mistral|phi3 [quant] [--tied]

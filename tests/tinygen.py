@@ -428,17 +428,3 @@ class Tiny:
         return hf_dir, self.write_gguf(Path(out_dir) / f"{stem}-{QUANTS[quant][0]}.gguf", quant, seed)
 
 
-
-def tied_hf_model(model, weights: dict):
-    """A transformers causal LM with tied embeddings holding `weights` (HF names -> float arrays), as
-    float32 in eval mode; raises where the names do not fit or the output is not tied."""
-    import torch
-
-    model = model.to(torch.float32)
-    sd = {k: torch.from_numpy(np.array(v, np.float32)) for k, v in weights.items()}
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    if unexpected or set(missing) - {"lm_head.weight"}:
-        raise RuntimeError(f"state dict mismatch: missing {missing}, unexpected {unexpected}")
-    if model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr():
-        raise RuntimeError("lm_head is not tied to embed_tokens")
-    return model.eval()
