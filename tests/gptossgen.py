@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 import bpetok
-from tinygen import Body, Tiny, draw_weights, file_type, gguf_file, load_hf_dir
+from tinygen import Body, Tiny, draw_weights, file_type, load_hf_dir
 
 HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 64, 4, 4, 2, 32
 EXPERTS, USED, FFN = 8, 2, 64
@@ -74,7 +74,37 @@ def _mlp(p, i, normal):  # the router and every expert's matrices in one tensor 
             p + "mlp.experts.down_proj_bias": normal((EXPERTS, HIDDEN), 0.1)}
 
 
-def spec(mxfp4: bool = False) -> Tiny:
+def _layout(expert_quant: str | None):
+    """Tiny.layout: the tensors as llama.cpp's converter writes them (module docstring)."""
+
+    def layout(sd, quant):
+        eq = expert_quant or quant
+        out = [("token_embd.weight", sd["model.embed_tokens.weight"], quant),
+               ("output_norm.weight", sd["model.norm.weight"], None), ("output.weight", sd["lm_head.weight"], quant)]
+        for i in range(LAYERS):
+            p, b = f"model.layers.{i}.", f"blk.{i}."
+            for hf, gg in (("input_layernorm", "attn_norm"), ("self_attn.q_proj", "attn_q"),
+                           ("self_attn.k_proj", "attn_k"), ("self_attn.v_proj", "attn_v"),
+                           ("self_attn.o_proj", "attn_output"), ("post_attention_layernorm", "post_attention_norm"),
+                           ("mlp.router", "ffn_gate_inp")):
+                out.append((b + gg + ".weight", sd[p + hf + ".weight"], None if gg == "ffn_gate_inp" else quant))
+                if p + hf + ".bias" in sd:
+                    out.append((b + gg + ".bias", sd[p + hf + ".bias"], None))
+            out.append((b + "attn_sinks.weight", sd[p + "self_attn.sinks"], None))
+            gu = sd[p + "mlp.experts.gate_up_proj"].transpose(0, 2, 1)  # [experts, 2 ffn, dim]
+            gub = sd[p + "mlp.experts.gate_up_proj_bias"]
+            down = np.ascontiguousarray(sd[p + "mlp.experts.down_proj"].transpose(0, 2, 1))
+            out += [(b + "ffn_gate_exps.weight", np.ascontiguousarray(gu[:, 0::2]), eq),
+                    (b + "ffn_up_exps.weight", np.ascontiguousarray(gu[:, 1::2]), eq),
+                    (b + "ffn_down_exps.weight", down, eq),
+                    (b + "ffn_gate_exps.bias", np.ascontiguousarray(gub[:, 0::2]), None),
+                    (b + "ffn_up_exps.bias", np.ascontiguousarray(gub[:, 1::2]), None),
+                    (b + "ffn_down_exps.bias", sd[p + "mlp.experts.down_proj_bias"], None)]
+        return out
+    return layout
+
+
+def spec(mxfp4: bool = False, expert_quant: str | None = None) -> Tiny:
     body = Body(HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FFN, vocab_size(), bias_std=0.1)
     a = "gpt-oss"
     hparams = {f"{a}.block_count": LAYERS, f"{a}.context_length": CONTEXT, f"{a}.embedding_length": HIDDEN,
@@ -86,14 +116,15 @@ def spec(mxfp4: bool = False) -> Tiny:
                f"{a}.expert_feed_forward_length": FFN, f"{a}.rope.scaling.type": "yarn",
                f"{a}.rope.scaling.factor": YARN["factor"],
                f"{a}.rope.scaling.original_context_length": YARN["original_max_position_embeddings"],
-               "general.file_type": None}
+               "general.file_type": file_type(expert_quant) if expert_quant else None}
     c = config_json(mxfp4)
     specials = [("add_bos_token_id", c["bos_token_id"]), ("add_eos_token_id", c["eos_token_id"]),
                 ("add_chat_template", bpetok.CHAT_TEMPLATE)]
     return Tiny("gptoss", "gpt-oss", body, c, {"bos_token_id": c["bos_token_id"], "eos_token_id": c["eos_token_id"]},
                 lambda d: bpetok.write_tokenizer_files(d, TOK), a, hparams,
                 lambda w: bpetok.add_vocab(w, TOK, vocab_size(), specials), size_label=False,
-                draw=lambda seed: draw_weights(body, seed, _attn_out, _mlp), save_pretrained=False)
+                draw=lambda seed: draw_weights(body, seed, _attn_out, _mlp), layout=_layout(expert_quant),
+                save_pretrained=False)
 
 
 def state_dict(seed: int = 0) -> dict[str, np.ndarray]:
@@ -164,29 +195,4 @@ def write_gguf(path: Path, quant: str | None = None, seed: int = 0, expert_quant
                sd: dict | None = None) -> Path:
     """The GGUF; matrices in `quant` but the experts' in `expert_quant` (the hub's files: MXFP4), the
     router and every vector F32."""
-    s = spec()
-    sd = state_dict(seed) if sd is None else sd
-    eq = expert_quant or quant
-    tensors = [("token_embd.weight", sd["model.embed_tokens.weight"], quant),
-               ("output_norm.weight", sd["model.norm.weight"], None), ("output.weight", sd["lm_head.weight"], quant)]
-    for i in range(LAYERS):
-        p, b = f"model.layers.{i}.", f"blk.{i}."
-        for hf, gg in (("input_layernorm", "attn_norm"), ("self_attn.q_proj", "attn_q"),
-                       ("self_attn.k_proj", "attn_k"), ("self_attn.v_proj", "attn_v"),
-                       ("self_attn.o_proj", "attn_output"), ("post_attention_layernorm", "post_attention_norm"),
-                       ("mlp.router", "ffn_gate_inp")):
-            tensors.append((b + gg + ".weight", sd[p + hf + ".weight"], None if gg == "ffn_gate_inp" else quant))
-            if p + hf + ".bias" in sd:
-                tensors.append((b + gg + ".bias", sd[p + hf + ".bias"], None))
-        tensors.append((b + "attn_sinks.weight", sd[p + "self_attn.sinks"], None))
-        gu = sd[p + "mlp.experts.gate_up_proj"].transpose(0, 2, 1)  # [experts, 2 ffn, dim]
-        gub = sd[p + "mlp.experts.gate_up_proj_bias"]
-        down = np.ascontiguousarray(sd[p + "mlp.experts.down_proj"].transpose(0, 2, 1))
-        tensors += [(b + "ffn_gate_exps.weight", np.ascontiguousarray(gu[:, 0::2]), eq),
-                    (b + "ffn_up_exps.weight", np.ascontiguousarray(gu[:, 1::2]), eq),
-                    (b + "ffn_down_exps.weight", down, eq),
-                    (b + "ffn_gate_exps.bias", np.ascontiguousarray(gub[:, 0::2]), None),
-                    (b + "ffn_up_exps.bias", np.ascontiguousarray(gub[:, 1::2]), None),
-                    (b + "ffn_down_exps.bias", sd[p + "mlp.experts.down_proj_bias"], None)]
-    hparams = {**s.hparams, "general.file_type": file_type(eq)}
-    return gguf_file(path, s.gguf_arch, "Tiny gpt-oss", hparams, s.vocab, tensors)
+    return spec(expert_quant=expert_quant).write_gguf(path, quant, seed, weights=sd)
