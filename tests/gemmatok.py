@@ -1,5 +1,5 @@
 """Gemma's tokenizer for the tiny checkpoints (gemma3gen, gemma2gen), and the SentencePiece machinery
-spmgen's Llama 2 tokenizer shares (the piece trainer, transformers' merges rule, the token types).
+llama2tok's Llama 2 tokenizer shares (the piece trainer, transformers' merges rule, the token types).
 
 The tokenizer is SentencePiece-style, as Gemma's: spaces as "▁", no space prefix, byte fallback
 (<0x00>..<0xFF>), BOS added, ids pad 0, eos 1, bos 2, unk 3, control tokens <mask>, <start_of_turn>,

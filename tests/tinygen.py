@@ -2,9 +2,12 @@
 smollm3gen, moegen, gptossgen). An architecture is a `Tiny` spec: its `Body` (shapes, the scales its
 random weights are drawn at, which tensors it has), config.json and generation_config.json as its
 hub repos have them, the GGUF keys and tensor names in its converter's order, its tokenizer (bpetok,
-gemmatok) and its quirks (llama.cpp's permuted Q/K rows, Gemma's 1 + w norms, a layout of its own).
-From that, this module draws the weights, builds transformers' model of them, and writes the Hugging
-Face directory and the GGUF as llama.cpp's convert_hf_to_gguf.py does.
+gemmatok, llama2tok) and its quirks (llama.cpp's permuted Q/K rows, Gemma's 1 + w norms, a GGUF
+layout of its own). From that, this module draws the weights, builds transformers' model of them,
+and writes the Hugging Face directory and the GGUF as llama.cpp's convert_hf_to_gguf.py does.
+
+A new architecture is a module that builds its Tiny (see gemma2gen, the smallest), and a test module
+that takes archrunner's fixtures and checks.
 
 Everything is written deterministically: the same call writes byte-identical files on any machine
 (weights from `np.random.RandomState`, whose stream NumPy keeps stable, drawn in a fixed order; JSON
