@@ -122,8 +122,3 @@ def write_gguf(path: Path, quant: str | None = None, seed: int = 0, overrides: d
 
 def dequantized_state_dict(quant: str | None = None, seed: int = 0) -> dict[str, np.ndarray]:
     return spec().dequantized(quant, seed)
-
-
-def make_tiny_gemma2(out_dir: Path, quant: str | None = None, seed: int = 0) -> tuple[Path, Path]:
-    """Both forms under out_dir -> (out_dir/tiny-gemma2/, out_dir/tiny-gemma2-<F32|Q8_0|...>.gguf)."""
-    return spec().make(out_dir, quant, seed)

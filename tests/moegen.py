@@ -176,8 +176,3 @@ hf_model = load_hf_dir  # transformers' model of the directory, float32, eager a
 
 def write_gguf(path: Path, arch: str, quant: str | None = None, seed: int = 0, tie=None) -> Path:
     return spec(arch, tie).write_gguf(path, quant, seed)
-
-
-def make(out: Path, arch: str, quant: str | None = None, seed: int = 0, tie=None) -> tuple[Path, Path]:
-    """(hf_dir, gguf) under out."""
-    return spec(arch, tie).make(out, quant, seed)

@@ -208,11 +208,6 @@ def gguf_name(hf_name: str) -> str:
     return tinygen.gguf_name(hf_name, GGUF_NAMES)
 
 
-def gguf_tensor_order(tied: bool = False, arch: str = "qwen2") -> list[str]:
-    """HF names in the order llama.cpp's converter writes them (sorted, as the safetensors file)."""
-    return sorted(state_dict(tied, arch=arch))
-
-
 def write_gguf(path: Path, quant: str | None = None, tied: bool = False, seed: int = 0,
                name: str | None = None, arch: str = "qwen2") -> Path:
     """The same model as a llama.cpp-style qwen2 (qwen3, llama) GGUF (tinygen.Tiny.write_gguf); Llama 3's
