@@ -4,8 +4,9 @@ architecture: a test module names its spec and texts, takes its fixtures from `f
 made once per module, the models loaded from them, transformers' reference) and runs the checks below
 on them: logits against transformers, the golden hashes pinned to transformers, conversion back to a
 directory, and the determinism contract of contract.py (threads, chunks, batches, native storage,
-trace, verify). What is particular to an architecture stays in its own module, with `edited` and
-`refused` for the settings and files it must refuse."""
+trace, verify). What is particular to an architecture stays in its own module, with `backend_logits`
+for runs with changed settings or weights, and `edited` and `refused` for the settings and files it
+must refuse. A new architecture: a tinygen spec, and a test module of these."""
 
 from __future__ import annotations
 
@@ -38,11 +39,10 @@ def make_files(spec: Tiny, out: Path, quants=("q8_0", "q4_0")) -> Files:
     return Files(hf, {None: f32, **ggufs})
 
 
-def reference(spec: Tiny, files: Files, weights: dict | None = None):
-    """transformers' model of the spec: built from the spec's config (holding `weights`, by default the
-    drawn ones), or for a spec whose directory is in the hub's own layout (mixtures of experts), read
-    from that directory."""
-    return spec.hf_model(weights=weights) if spec.save_pretrained else load_hf_dir(files.hf)
+def reference(spec: Tiny, files: Files):
+    """transformers' model of the spec: built from its config and weights, or for a spec whose
+    directory is in the hub's own layout (mixtures of experts), read from that directory."""
+    return spec.hf_model() if spec.save_pretrained else load_hf_dir(files.hf)
 
 
 def fixtures(spec_of: Callable, archs: list | None = None, tied: bool = False, quants=("q8_0", "q4_0")):
@@ -101,6 +101,15 @@ def check_logits(from_dir, from_gguf, ref, texts, label: str, record_property, e
     record_property(f"{label}_max_abs_diff_vs_transformers", worst)
     print(f"tiny {label}: max |tinydet - transformers| = {worst:.2e} over {len(texts)} prompts")
     assert worst <= 1e-4, worst
+
+
+def backend_logits(config, tensors, ids, hook=None) -> np.ndarray:
+    """Every position's logits of one CPU-backend pass with `config` and `tensors` (a test's changed
+    settings or weights), `hook` seeing each op's rows."""
+    from tinydet.backends.cpu import CPUBackend
+
+    be = CPUBackend(config, tensors)
+    return be.forward_batch([(0, ids)], be.new_cache(len(ids)), all_logits=True, hook=hook)[0]
 
 
 def check_greedy(models: dict, ref, picks) -> None:

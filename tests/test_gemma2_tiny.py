@@ -18,8 +18,8 @@ import pytest
 import gemma2gen as G
 import gemmatok
 import tinydet
-from archrunner import (DROP, check_greedy, check_logits, check_matches_reference, edited, fixtures, float32_eps,
-                        refused)
+from archrunner import (DROP, backend_logits, check_converted, check_greedy, check_logits, check_matches_reference,
+                        edited, fixtures, float32_eps, refused)
 from contract import bits, check_native_gives_fp32_bits, check_threads_chunking_and_batch
 from reference import hf_logits
 
@@ -52,7 +52,6 @@ def test_soft_caps_that_bind_from_both_formats(files, models, tmp_path, record_p
     """Caps small enough to bind (attention 1.0, final 2.0): GGUF and HF directory give the same bits,
     within 1e-4 of transformers reading that directory, and far from those of the caps at 50 / 30 and
     of the same model without the attention cap."""
-    from tinydet.backends.cpu import CPUBackend
     from tinydet.formats import open_checkpoint
 
     hf, ggufs = files
@@ -72,25 +71,20 @@ def test_soft_caps_that_bind_from_both_formats(files, models, tmp_path, record_p
         assert np.array_equal(bits(ours), bits(a.logits(ids)))
         worst = max(worst, float(np.abs(ours - hf_logits(m, ids)).max()))
         assert float(np.abs(ours - plain.logits(ids)).max()) > 1e-2
-        be = CPUBackend(dataclasses.replace(ck.config, attn_softcap=None), ck.tensors)
-        assert float(np.abs(ours - be.forward(ids, be.new_cache(len(ids)), all_logits=True)).max()) > 1e-2
+        uncapped = backend_logits(dataclasses.replace(ck.config, attn_softcap=None), ck.tensors, ids)
+        assert float(np.abs(ours - uncapped).max()) > 1e-2
     record_property("gemma2_binding_caps_max_abs_diff_vs_transformers", worst)
     print(f"tiny gemma2, caps 1 / 2: max |tinydet - transformers| = {worst:.2e}")
     assert worst <= 1e-4
 
 
 def test_window_matters(files):
-    from tinydet.backends.cpu import CPUBackend
     from tinydet.formats import open_checkpoint
 
     ck = open_checkpoint(files[0])
     ids = ck.tokenizer.encode(TEXTS[0])
-
-    def run(cfg):
-        be = CPUBackend(cfg, ck.tensors)
-        return be.forward(ids, be.new_cache(len(ids)), all_logits=True)
-
-    base, full = run(ck.config), run(dataclasses.replace(ck.config, layer_windows=()))
+    base = backend_logits(ck.config, ck.tensors, ids)
+    full = backend_logits(dataclasses.replace(ck.config, layer_windows=()), ck.tensors, ids)
     assert np.abs(base - full).max() > 1e-2
     assert np.array_equal(bits(base[:G.SLIDING_WINDOW]), bits(full[:G.SLIDING_WINDOW]))  # same until the edge
 
@@ -124,11 +118,7 @@ def test_convert_back_to_hf_directory(files, tmp_path, ref):
     assert (c["attn_logit_softcapping"], c["final_logit_softcapping"], c["query_pre_attn_scalar"],
             c["sliding_window"], c["layer_types"]) == (50.0, 30.0, G.QUERY_PRE_ATTN_SCALAR, G.SLIDING_WINDOW,
                                                       ["sliding_attention", "full_attention"] * 2)
-    m = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
-    assert type(m).__name__ == "Gemma2ForCausalLM"
-    ids = tinydet.load(src).tokenize(TEXTS[3])
-    assert np.array_equal(hf_logits(m, ids), hf_logits(ref, ids))
-    assert np.array_equal(bits(tinydet.load(out).logits(ids)), bits(tinydet.load(src).logits(ids)))
+    check_converted(src, out, ref, "Gemma2ForCausalLM", TEXTS[3:])
 
 
 # --- config.json's defaults and bad input ---------------------------------------------------------------

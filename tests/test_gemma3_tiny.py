@@ -16,7 +16,8 @@ import pytest
 
 import gemma3gen as G
 import tinydet
-from archrunner import DROP, check_greedy, check_logits, check_matches_reference, edited, fixtures, float32_eps, refused
+from archrunner import (DROP, backend_logits, check_converted, check_greedy, check_logits, check_matches_reference,
+                        edited, fixtures, float32_eps, refused)
 from contract import bits, check_native_gives_fp32_bits, check_threads_chunking_and_batch
 from reference import hf_logits
 
@@ -79,23 +80,17 @@ def test_hf_norms_are_read_as_float32_one_plus_w(files):
 def test_window_and_norm_offset_matter(files):
     """The prompts reach past the window (full attention would change the logits), and a reader that
     took HF's w as the scale (no 1 + w) would be far off."""
-    from tinydet.backends.cpu import CPUBackend
     from tinydet.formats import Tensor, open_checkpoint
 
     ck = open_checkpoint(files[0])
     ids = ck.tokenizer.encode(TEXTS[0])
-
-    def run(cfg, tensors):
-        be = CPUBackend(cfg, tensors)
-        return be.forward(ids, be.new_cache(len(ids)), all_logits=True)
-
-    base = run(ck.config, ck.tensors)
-    full = run(dataclasses.replace(ck.config, layer_windows=(0,) * G.LAYERS), ck.tensors)
+    base = backend_logits(ck.config, ck.tensors, ids)
+    full = backend_logits(dataclasses.replace(ck.config, layer_windows=(0,) * G.LAYERS), ck.tensors, ids)
     assert np.abs(base - full).max() > 1e-2
     assert np.array_equal(bits(base[:G.SLIDING_WINDOW]), bits(full[:G.SLIDING_WINDOW]))  # same until the edge
     raw = {k: (Tensor.of(np.asarray(v) - np.float32(1.0)) if k.endswith("norm") else v) for k, v in ck.tensors.items()}
     raw["output"] = raw["tok_embeddings"]
-    assert np.abs(base - run(ck.config, raw)).max() > 0.5
+    assert np.abs(base - backend_logits(ck.config, raw, ids)).max() > 0.5
 
 
 def test_greedy_32_tokens_match_transformers(models, ref):
@@ -149,13 +144,8 @@ def test_convert_back_to_hf_directory(files, tmp_path, ref):
             w = st[t.hf.format(*idx)]
             assert np.array_equal(bits(w), bits(stored[canon] - np.float32(1.0))), canon
             assert np.array_equal(bits(np.float32(1.0) + w), bits(stored[canon])), canon
-    m = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
-    assert type(m).__name__ == "Gemma3ForCausalLM"
-    back = tinydet.load(out)
-    ids = back.tokenize(TEXTS[3])
-    assert ids == tinydet.load(src).tokenize(TEXTS[3])
-    assert np.array_equal(hf_logits(m, ids), hf_logits(ref, ids))  # the same scales, bit for bit, through transformers
-    assert np.array_equal(bits(back.logits(ids)), bits(tinydet.load(src).logits(ids)))
+    check_converted(src, out, ref, "Gemma3ForCausalLM", TEXTS[3:])  # the same scales, through transformers
+    ids = tinydet.load(src).tokenize(TEXTS[3])
     # The quantized file too (its matrices dequantized exactly into float32).
     q = convert_gguf_to_hf(files[1]["q8_0"], tmp_path / "conv-q8")
     assert np.array_equal(bits(tinydet.load(q).logits(ids)), bits(tinydet.load(files[1]["q8_0"]).logits(ids)))

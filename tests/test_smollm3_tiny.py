@@ -18,8 +18,8 @@ import pytest
 import bpetok
 import smollm3gen as S
 import tinydet
-from archrunner import (DROP, check_greedy, check_logits, check_matches_reference, edited, fixtures, float32_eps,
-                        refused)
+from archrunner import (DROP, backend_logits, check_converted, check_greedy, check_logits, check_matches_reference,
+                        edited, fixtures, float32_eps, refused)
 from contract import bits, check_native_gives_fp32_bits, check_threads_chunking_and_batch
 from reference import hf_logits
 
@@ -34,13 +34,6 @@ TEXTS = ["The quick brown fox jumps over the lazy dog. It's a sentence that uses
 
 # files: (hf_dir, {None, "q8_0": gguf}); models: {"hf", "gguf"}; ref: transformers' SmolLM3ForCausalLM, eager
 arch, files, models, ref = fixtures(lambda arch, tied: S.spec(), quants=("q8_0",))
-
-
-def _run(cfg, tensors, ids, hook=None):
-    from tinydet.backends.cpu import CPUBackend
-
-    be = CPUBackend(cfg, tensors)
-    return be.forward_batch([(0, ids)], be.new_cache(len(ids)), all_logits=True, hook=hook)[0]
 
 
 def test_logits_match_transformers_and_gguf_equals_hf_dir(models, ref, record_property):
@@ -67,12 +60,12 @@ def test_nope_layers_rotate_nothing_and_matter(files, ref):
         if op in ("q", "k", "rope_q", "rope_k"):
             seen[layer, op] = np.array(rows)
 
-    base = _run(ck.config, ck.tensors, ids, hook)
+    base = backend_logits(ck.config, ck.tensors, ids, hook)
     for layer in range(S.LAYERS):
         same = [np.array_equal(bits(seen[layer, a]), bits(seen[layer, b]))
                 for a, b in (("q", "rope_q"), ("k", "rope_k"))]
         assert same == [ck.config.nope(layer)] * 2, layer
-    all_rope = _run(dataclasses.replace(ck.config, layer_nope=()), ck.tensors, ids)
+    all_rope = backend_logits(dataclasses.replace(ck.config, layer_nope=()), ck.tensors, ids)
     assert np.abs(base - all_rope).max() > 1e-2
     want = hf_logits(S.hf_model(no_rope_layers=[1] * S.LAYERS), ids)
     assert float(np.abs(all_rope - want).max()) <= 1e-4
@@ -137,11 +130,7 @@ def test_convert_back_to_hf_directory(files, tmp_path, ref):
     c = json.loads((out / "config.json").read_text())
     assert (c["architectures"], c["model_type"], c["tie_word_embeddings"]) == (["SmolLM3ForCausalLM"], "smollm3", True)
     assert (c["no_rope_layers"], c["no_rope_layer_interval"], c["use_sliding_window"]) == (S.NO_ROPE_LAYERS, 4, False)
-    m = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
-    assert type(m).__name__ == "SmolLM3ForCausalLM"
-    ids = tinydet.load(src).tokenize(TEXTS[2])
-    assert np.array_equal(hf_logits(m, ids), hf_logits(ref, ids))
-    assert np.array_equal(bits(tinydet.load(out).logits(ids)), bits(tinydet.load(src).logits(ids)))
+    check_converted(src, out, ref, "SmolLM3ForCausalLM", TEXTS[2:3])
 
 
 # --- bad input ------------------------------------------------------------------------------------------

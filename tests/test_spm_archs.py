@@ -21,8 +21,8 @@ import pytest
 
 import spmgen as S
 import tinydet
-from archrunner import (DROP, check_converted, check_golden_pinned, check_greedy, check_logits, check_matches_reference,
-                        edited, fixtures, float32_eps, refused)
+from archrunner import (DROP, backend_logits, check_converted, check_golden_pinned, check_greedy, check_logits,
+                        check_matches_reference, edited, fixtures, float32_eps, refused)
 from contract import (bits, check_native_gives_fp32_bits, check_threads_chunking_and_batch, check_trace_diff,
                       check_verify_matrix)
 from reference import hf_logits
@@ -104,7 +104,6 @@ def test_layout_fixups_matter(files, arch):
     tensors are split as transformers splits them, each part a zero-copy row slice of the file's bytes
     equal to those rows of qkv_proj / gate_up_proj: swapping the gate and up halves, or k and v, moves
     the logits."""
-    from tinydet.backends.cpu import CPUBackend
     from tinydet.formats import Tensor, open_checkpoint
     from tinydet.formats.gguf import GGUFFile
     from tinydet.formats.gguf_model import gguf_config, gguf_tensors
@@ -113,11 +112,7 @@ def test_layout_fixups_matter(files, arch):
     ck = open_checkpoint(path)
     ids = ck.tokenizer.encode(TEXTS[1])
 
-    def run(tensors):
-        be = CPUBackend(ck.config, tensors)
-        return be.forward(ids, be.new_cache(len(ids)), all_logits=True)
-
-    base = run(ck.tensors)
+    base = backend_logits(ck.config, ck.tensors, ids)
     sd = S.state_dict(arch)
     q, kv = S.HEADS * S.HEAD_DIM, S.KV_HEADS * S.HEAD_DIM
     moved = []
@@ -148,7 +143,7 @@ def test_layout_fixups_matter(files, arch):
                     f"layers.{i}.{a}"]
             moved.append(swapped)
     for tensors in moved:
-        assert np.abs(base - run(tensors)).max() > 0.05
+        assert np.abs(base - backend_logits(ck.config, tensors, ids)).max() > 0.05
 
 
 def test_threads_chunking_and_batch(files, arch):
@@ -224,7 +219,6 @@ def test_sliding_window(files, arch, tmp_path):
     edge only. Mistral: the tiny model has sliding_window null, as v0.2 / v0.3; a directory with a window
     shorter than the prompt runs as transformers' MistralForCausalLM (eager) runs it, and differs from
     the full-attention one past the edge."""
-    from tinydet.backends.cpu import CPUBackend
     from tinydet.formats import open_checkpoint
 
     w = S.PHI3_SLIDING_WINDOW if arch == "phi3" else 8
@@ -245,11 +239,7 @@ def test_sliding_window(files, arch, tmp_path):
     ids = ck.tokenizer.encode(TEXTS[4])
     assert len(ids) > 3 * w
 
-    def run(cfg):
-        be = CPUBackend(cfg, ck.tensors)
-        return be.forward(ids, be.new_cache(len(ids)), all_logits=True)
-
-    windowed, full = run(ck.config), run(full_cfg)
+    windowed, full = backend_logits(ck.config, ck.tensors, ids), backend_logits(full_cfg, ck.tensors, ids)
     assert np.array_equal(bits(windowed[:w]), bits(full[:w]))  # the same until the window's edge
     assert np.abs(windowed - full).max() > 1e-2
 

@@ -347,7 +347,7 @@ class Tiny:
     generation: dict  # generation_config.json
     tokenizer: Callable  # writes the tokenizer files into a directory
     gguf_arch: str  # general.architecture
-    hparams: dict  # the converter's hyperparameter keys in its order, general.file_type among them
+    hparams: dict  # the converter's hyperparameter keys in its order; general.file_type None: the quant's
     vocab: Callable  # adds the vocabulary keys to a GGUFWriter
     gguf_names: dict = dataclasses.field(default_factory=lambda: GGUF_NAMES)
     permute: bool = False  # llama.cpp's interleaved RoPE: Q/K rows permuted (LlamaModel.modify_tensors)
@@ -410,7 +410,7 @@ class Tiny:
 
     def write_gguf(self, path: Path, quant: str | None = None, seed: int = 0, name: str | None = None,
                    overrides: dict | None = None, drop: tuple[str, ...] = (), extra: dict | None = None,
-                   weights: dict | None = None, hparams: dict | None = None) -> Path:
+                   weights: dict | None = None) -> Path:
         """The same model as llama.cpp's converter writes it; quant: None/"f32" (all F32), or one of
         QUANTS for every 2-D matrix (token_embd and output included, as --outtype does); 1-D tensors
         stay F32. name: general.name. `extra` (name -> float32 array) is written first, as the
@@ -419,7 +419,7 @@ class Tiny:
         extra = extra if extra is not None else self.extra() if self.extra else {}
         tensors = [(k, np.asarray(v, np.float32), None) for k, v in extra.items()]
         tensors += self.gguf_tensors(sd, quant)
-        hp = {k: file_type(quant) if v is None else v for k, v in (hparams or self.hparams).items()}
+        hp = {k: file_type(quant) if v is None else v for k, v in self.hparams.items()}
         title = f"Tiny {self.title}" + (f" S{seed}" if seed else "")
         n_params = sum(v.size for v in sd.values()) if self.size_label else None
         return gguf_file(path, self.gguf_arch, name or title, hp, self.vocab, tensors, n_params, overrides, drop)
