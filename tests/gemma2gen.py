@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 import gemmatok as T
-from tinygen import GEMMA_GGUF_NAMES, QUANTS, Body, Tiny, with_changes  # noqa: F401 (the tests' names)
+from tinygen import GEMMA_GGUF_NAMES, Body, Tiny, with_changes
 
 GENERATOR_VERSION = 1
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 import bpetok
-from tinygen import QUANTS, Body, Tiny, draw_weights, llama_permute, load_hf_dir  # noqa: F401 (the tests' names)
+from tinygen import Body, Tiny, draw_weights, llama_permute, load_hf_dir
 
 HIDDEN, LAYERS, HEADS, KV_HEADS = 64, 2, 4, 2
 EXPERTS, USED = 8, 2
