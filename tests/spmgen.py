@@ -2,7 +2,7 @@
 SentencePiece family.
 
 No Mistral or Phi-3 checkpoint can be fetched on the project's machines, so this module makes small ones
-(`arch` "mistral" or "phi3"): the same random weights written as
+(`arch` "mistral" or "phi3") on tinygen's scaffold: the same random weights written as
 
 * a Hugging Face directory (`write_hf_dir`): model.safetensors written by transformers'
   `MistralForCausalLM` / `Phi3ForCausalLM.save_pretrained` (fp32), plus config.json,
@@ -30,57 +30,28 @@ layer_norm_rms_epsilon, rope.dimension_count, rope.freq_base, file_type, attenti
 Its window here is PHI3_SLIDING_WINDOW = 7 positions (Phi-3-mini-4k's is 2047 = 2**11 - 1), fewer
 than the test prompts have, so that the window matters.
 
-The tokenizer is Llama 2's kind, which Mistral 7B (v0.1, v0.2) and Phi-3 use: a SentencePiece BPE with
-<unk> = 0, <s> = 1, </s> = 2, byte fallback pieces <0x00>..<0xFF> at 3..258, then pieces learned on
-TRAINING_TEXT by gemma3gen's deterministic trainer (digits never merged: Llama's split_digits),
-scored 0, -1, -2, ...; a "▁" space prefix (add_dummy_prefix), BOS added (Mistral). tokenizer.json is
-what transformers' LlamaConverter makes of such a model (legacy form: normalizer Prepend("▁") +
-Replace(" ", "▁"), no pre-tokenizer, decoder Replace / ByteFallback / Fuse / Strip, merges by
-transformers' generate_merges, a TemplateProcessing post-processor that adds <s> for Mistral and
-nothing for Phi-3, whose tokenizer_config says add_bos_token false, as LlamaTokenizerFast then writes
-it). Phi-3 adds its eleven tokens after the base vocabulary in its order (<|endoftext|>,
-<|assistant|>, <|placeholder1|>..<|placeholder4|>, <|system|>, <|end|>, <|placeholder5|>,
-<|placeholder6|>, <|user|>: ids 32000..32010 in the real one), all special and all but <|endoftext|>
-with rstrip (so the "\\n" after "<|user|>" is swallowed), </s> not special and rstrip, as
-Phi-3-mini-4k-instruct's tokenizer.json and tokenizer_config.json have them; its embedding is padded
-past the tokenizer (PHI3_VOCAB = 512 rows for 507 tokens, as 32064 for 32011). The GGUF vocabularies
-are what the converters make of these files: for Mistral, llama.cpp's _create_vocab_sentencepiece
-(tokenizer_config's added tokens rescored -1000 and typed CONTROL, <unk> included); for Phi-3,
-Phi3MiniModel.set_vocab (every id up to vocab_size, "[PAD{i}]" UNUSED at -10000 where the tokenizer
-has none, added_tokens.json, tokenizer_config.json's and tokenizer.json's added tokens rescored -1000,
-CONTROL when special else USER_DEFINED: </s> is USER_DEFINED); `tokenizer.ggml.model = llama`, no
-add_space_prefix key (llama.cpp's default: true), SpecialVocab's ids and flags. No tokenizer.model is
-written (it would need sentencepiece's protobuf; tinydet and transformers read tokenizer.json).
+The tokenizer is Llama 2's kind (llama2tok). generation_config.json's eos ids for Phi-3 are
+[<|endoftext|>, <|assistant|>, <|end|>], as Phi-3-mini-4k-instruct's ([32000, 32001, 32007]).
 
-Chat templates: Mistral-7B-Instruct-v0.3's tokenizer_config.json (the "v3" template with tools; llama.cpp's
-tests/test-chat-template.cpp holds the same text for Mistral-Large-Instruct-2407), rendered over this
-v0.2-style vocabulary, where [INST] and [/INST] are plain text (v0.3 made them control tokens 3 and 4
-of a 32768-token vocabulary). Phi-3: the template of Phi-3-mini-4k-instruct's June 2024 update, which
-added the system turn (the text of llama.cpp's models/templates/microsoft-Phi-3.5-mini-instruct.jinja,
-which Phi-3.5-mini shares); generation_config.json's eos ids [<|endoftext|>, <|assistant|>, <|end|>]
-as Phi-3-mini-4k-instruct's ([32000, 32001, 32007]).
-
-Everything is written deterministically: the same call writes byte-identical files on any machine
-(weights from `np.random.RandomState`; JSON written here, not by a library). `write_gguf` needs numpy
-and gguf only; `write_hf_dir` also needs torch and transformers.
+`write_gguf` needs numpy and gguf only; `write_hf_dir` also needs torch and transformers.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
-import gemma3gen as _G  # the SentencePiece-style piece trainer, generate_merges, token types
-from tinygen import QUANTS, add_tensor, stored_values
-from tinygen import gguf_name as _gguf_name
-from tinygen import write_json as _write_json
-from qwen2gen import llama_permute  # the converter's Q/K row order
+import tinygen
+from llama2tok import (BASE_VOCAB, BOS_ID, CONTROL, EOS_ID, FIRST_BYTE, MISTRAL_CHAT_TEMPLATE,  # noqa: F401
+                       PHI3_ADDED, PHI3_CHAT_TEMPLATE, PHI3_VOCAB, USER_DEFINED, add_vocab, gguf_vocab, hf_tokenizer,
+                       token_id, tokenizer_json, vocab_size, write_tokenizer_files)
+from tinygen import GGUF_NAMES, QUANTS, Body, Tiny  # noqa: F401 (the tests' names)
 
 GENERATOR_VERSION = 1  # bump when any written byte changes (for callers that cache the files)
 
 ARCHS = {"mistral": "Mistral", "phi3": "Phi3"}
+GGUF_ARCH = {"mistral": "llama", "phi3": "phi3"}  # general.architecture
 
 # ---------------------------------------------------------------------------------------------------
 # The model
@@ -95,309 +66,6 @@ CONTEXT = 512
 RMS_EPS = 1e-5  # both models' rms_norm_eps
 ROPE_THETA = {"mistral": 1_000_000.0, "phi3": 10_000.0}  # Mistral 7B v0.2/v0.3, Phi-3-mini
 PHI3_SLIDING_WINDOW = 7
-
-EMBED_STD = 0.1
-MATRIX_STD = 0.08
-LM_HEAD_STD = 0.2
-NORM_STD = 0.1  # norm weights are 1 + NORM_STD * N(0, 1)
-
-# ---------------------------------------------------------------------------------------------------
-# The tokenizer
-
-SPIECE = _G.SPIECE
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = (_G.NORMAL, _G.UNKNOWN, _G.CONTROL, _G.USER_DEFINED,
-                                                         _G.UNUSED, _G.BYTE)
-UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
-FIRST_BYTE = 3  # <0x00> .. <0xFF>
-FIRST_PIECE = FIRST_BYTE + 256
-N_MERGES = 168  # 3 + 256 bytes + 168 merged pieces + 69 characters = BASE_VOCAB
-BASE_VOCAB = 496  # the SentencePiece model's pieces (Llama 2's 32000); Mistral's vocab_size
-PHI3_ADDED = ("<|endoftext|>", "<|assistant|>", "<|placeholder1|>", "<|placeholder2|>", "<|placeholder3|>",
-              "<|placeholder4|>", "<|system|>", "<|end|>", "<|placeholder5|>", "<|placeholder6|>", "<|user|>")
-PHI3_VOCAB = 512  # Phi-3's embedding rows, past its BASE_VOCAB + 11 tokens (32064 for 32011)
-
-MISTRAL_CHAT_TEMPLATE = (
-    '{%- if messages[0]["role"] == "system" %}\n'
-    '    {%- set system_message = messages[0]["content"] %}\n'
-    '    {%- set loop_messages = messages[1:] %}\n'
-    '{%- else %}\n'
-    '    {%- set loop_messages = messages %}\n'
-    '{%- endif %}\n'
-    '{%- if not tools is defined %}\n'
-    '    {%- set tools = none %}\n'
-    '{%- endif %}\n'
-    '{%- set user_messages = loop_messages | selectattr("role", "equalto", "user") | list %}\n'
-    '\n'
-    '{#- This block checks for alternating user/assistant messages, skipping tool calling messages #}\n'
-    '{%- set ns = namespace() %}\n'
-    '{%- set ns.index = 0 %}\n'
-    '{%- for message in loop_messages %}\n'
-    '    {%- if not (message.role == "tool" or message.role == "tool_results" or (message.tool_calls is'
-    ' defined and message.tool_calls is not none)) %}\n'
-    '        {%- if (message["role"] == "user") != (ns.index % 2 == 0) %}\n'
-    '            {{- raise_exception("After the optional system message, conversation roles must'
-    ' alternate user/assistant/user/assistant/...") }}\n'
-    '        {%- endif %}\n'
-    '        {%- set ns.index = ns.index + 1 %}\n'
-    '    {%- endif %}\n'
-    '{%- endfor %}\n'
-    '\n'
-    '{{- bos_token }}\n'
-    '{%- for message in loop_messages %}\n'
-    '    {%- if message["role"] == "user" %}\n'
-    '        {%- if tools is not none and (message == user_messages[-1]) %}\n'
-    '            {{- "[AVAILABLE_TOOLS] [" }}\n'
-    '            {%- for tool in tools %}\n'
-    '                {%- set tool = tool.function %}\n'
-    '                {{- \'{"type": "function", "function": {\' }}\n'
-    '                {%- for key, val in tool.items() if key != "return" %}\n'
-    '                    {%- if val is string %}\n'
-    '                        {{- \'"\' + key + \'": "\' + val + \'"\' }}\n'
-    '                    {%- else %}\n'
-    '                        {{- \'"\' + key + \'": \' + val|tojson }}\n'
-    '                    {%- endif %}\n'
-    '                    {%- if not loop.last %}\n'
-    '                        {{- ", " }}\n'
-    '                    {%- endif %}\n'
-    '                {%- endfor %}\n'
-    '                {{- "}}" }}\n'
-    '                {%- if not loop.last %}\n'
-    '                    {{- ", " }}\n'
-    '                {%- else %}\n'
-    '                    {{- "]" }}\n'
-    '                {%- endif %}\n'
-    '            {%- endfor %}\n'
-    '            {{- "[/AVAILABLE_TOOLS]" }}\n'
-    '            {%- endif %}\n'
-    '        {%- if loop.last and system_message is defined %}\n'
-    '            {{- "[INST] " + system_message + "\\n\\n" + message["content"] + "[/INST]" }}\n'
-    '        {%- else %}\n'
-    '            {{- "[INST] " + message["content"] + "[/INST]" }}\n'
-    '        {%- endif %}\n'
-    '    {%- elif message.tool_calls is defined and message.tool_calls is not none %}\n'
-    '        {{- "[TOOL_CALLS] [" }}\n'
-    '        {%- for tool_call in message.tool_calls %}\n'
-    '            {%- set out = tool_call.function|tojson %}\n'
-    '            {{- out[:-1] }}\n'
-    '            {%- if not tool_call.id is defined or tool_call.id|length != 9 %}\n'
-    '                {{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}\n'
-    '            {%- endif %}\n'
-    '            {{- \', "id": "\' + tool_call.id + \'"}\' }}\n'
-    '            {%- if not loop.last %}\n'
-    '                {{- ", " }}\n'
-    '            {%- else %}\n'
-    '                {{- "]" + eos_token }}\n'
-    '            {%- endif %}\n'
-    '        {%- endfor %}\n'
-    '    {%- elif message["role"] == "assistant" %}\n'
-    '        {{- " " + message["content"]|trim + eos_token}}\n'
-    '    {%- elif message["role"] == "tool_results" or message["role"] == "tool" %}\n'
-    '        {%- if message.content is defined and message.content.content is defined %}\n'
-    '            {%- set content = message.content.content %}\n'
-    '        {%- else %}\n'
-    '            {%- set content = message.content %}\n'
-    '        {%- endif %}\n'
-    '        {{- \'[TOOL_RESULTS] {"content": \' + content|string + ", " }}\n'
-    '        {%- if not message.tool_call_id is defined or message.tool_call_id|length != 9 %}\n'
-    '            {{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}\n'
-    '        {%- endif %}\n'
-    '        {{- \'"call_id": "\' + message.tool_call_id + \'"}[/TOOL_RESULTS]\' }}\n'
-    '    {%- else %}\n'
-    '        {{- raise_exception("Only user and assistant roles are supported, with the exception of an'
-    ' initial optional system message!") }}\n'
-    '    {%- endif %}\n'
-    '{%- endfor %}\n'
-    '')
-
-PHI3_CHAT_TEMPLATE = (
-    "{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}"
-    "{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}"
-    "{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}"
-    "{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}")
-
-TRAINING_TEXT = """\
-[INST] What is the capital of France, and why do people visit it? [/INST] The capital of France is
-Paris. People visit it for the museums, the river, the food and the long history of the city; many of
-them come back again and again, in every season of the year.
-
-User: can you write a short story about a robot who learns to paint? Assistant: Once upon a time
-there was a little robot who wanted to learn how to paint. Every morning it looked at the sky, mixed
-the colours it saw and tried again; every evening it showed its painting to the other robots.
-
-You are a helpful assistant. The user asks a question and the assistant answers it, clearly and
-kindly, in a few sentences: first the answer, then the reason, then an example if one helps.
-
-The quick brown fox jumps over the lazy dog, and the dog does not mind: it is a lazy dog, after all.
-In 1969, three astronauts flew to the Moon and back: 384400 km each way, in about 8 days in total.
-Prices were 19.99, 5 and 12 percent off; the meeting is at 9:30 on 2024-03-15 in room 4B.
-
-def fibonacci(n):
-    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)  # symbols: ==, !=, <=, >=, {}, []
-
-The three primary colours are red, yellow and blue. Is that all? Not yet! The end of the story is the
-beginning of another one, as the old saying goes. That is the end.
-"""
-
-_CACHE: dict = {}
-
-
-def sentencepiece_vocab() -> list[tuple[str, float, int]]:
-    """The SentencePiece model's pieces by id, (piece, score, type), as Llama 2's model proto holds
-    them: <unk> (UNKNOWN), <s>, </s> (CONTROL), the 256 byte pieces (BYTE), then the BPE pieces, merged
-    ones in merge order and then the characters, scored 0, -1, -2, ... Both architectures share it."""
-    if "v" not in _CACHE:
-        merged, chars = _G.train_pieces(TRAINING_TEXT, N_MERGES)
-        out = [("<unk>", 0.0, UNKNOWN), ("<s>", 0.0, CONTROL), ("</s>", 0.0, CONTROL)]
-        out += [(f"<0x{b:02X}>", 0.0, BYTE) for b in range(256)]
-        out += [(p, -float(i), NORMAL) for i, p in enumerate(merged + chars)]
-        if len(out) != BASE_VOCAB:
-            raise RuntimeError(f"the trainer gave {len(out)} pieces, not {BASE_VOCAB}")
-        _CACHE["v"] = out
-    return list(_CACHE["v"])
-
-
-def added_tokens(arch: str) -> list[tuple[int, str, bool, bool]]:
-    """(id, content, special, rstrip) of tokenizer.json's added tokens: <unk>, <s>, </s> and, for
-    Phi-3, its own after the base vocabulary (module docstring)."""
-    if arch == "mistral":
-        return [(UNK_ID, "<unk>", True, False), (BOS_ID, "<s>", True, False), (EOS_ID, "</s>", True, False)]
-    out = [(UNK_ID, "<unk>", True, False), (BOS_ID, "<s>", True, False), (EOS_ID, "</s>", False, True)]
-    return out + [(BASE_VOCAB + i, t, True, t != "<|endoftext|>") for i, t in enumerate(PHI3_ADDED)]
-
-
-def vocab_size(arch: str) -> int:
-    """config.json's vocab_size: the embedding's rows."""
-    return PHI3_VOCAB if arch == "phi3" else BASE_VOCAB
-
-
-def token_id(text: str, arch: str = "mistral") -> int:
-    for i, t, _, _ in added_tokens(arch):
-        if t == text:
-            return i
-    return next(i for i, (p, _, _) in enumerate(sentencepiece_vocab()) if p == text)
-
-
-def _added_token(i: int, t: str, special: bool, rstrip: bool) -> dict:
-    return {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": rstrip, "normalized": False,
-            "special": special}
-
-
-def tokenizer_json(arch: str = "mistral") -> dict:
-    """tokenizer.json as transformers' LlamaConverter writes Llama 2's kind (module docstring)."""
-    sp = sentencepiece_vocab()
-    vocab = {p: i for i, (p, _, _) in enumerate(sp)}
-    merges = _G.generate_merges(vocab, {p: s for p, s, _ in sp})
-    a, b = {"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}
-    if arch == "mistral":  # LlamaTokenizerFast's post-processor for add_bos_token true
-        bos = {"SpecialToken": {"id": "<s>", "type_id": 0}}
-        post = {"type": "TemplateProcessing", "single": [bos, a],
-                "pair": [bos, a, {"SpecialToken": {"id": "<s>", "type_id": 1}}, b],
-                "special_tokens": {"<s>": {"id": "<s>", "ids": [BOS_ID], "tokens": ["<s>"]}}}
-    else:  # ... and for add_bos_token false (Phi-3)
-        post = {"type": "TemplateProcessing", "single": [a], "pair": [a, b], "special_tokens": {}}
-    return {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": [_added_token(*t) for t in added_tokens(arch)],
-        "normalizer": {"type": "Sequence", "normalizers": [
-            {"type": "Prepend", "prepend": SPIECE},
-            {"type": "Replace", "pattern": {"String": " "}, "content": SPIECE}]},
-        "pre_tokenizer": None,
-        "post_processor": post,
-        "decoder": {"type": "Sequence", "decoders": [
-            {"type": "Replace", "pattern": {"String": SPIECE}, "content": " "}, {"type": "ByteFallback"},
-            {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
-        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
-                  "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
-                  "vocab": vocab, "merges": [[x, y] for x, y in merges]},
-    }
-
-
-def tokenizer_config_json(arch: str = "mistral") -> dict:
-    """tokenizer_config.json as Mistral-7B-Instruct's (BOS added, v0.3's chat template) or
-    Phi-3-mini-4k-instruct's (no BOS, eos and pad <|endoftext|>, padding side left)."""
-    decoder = {str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": r, "single_word": False,
-                        "special": s} for i, t, s, r in added_tokens(arch)}
-    if arch == "mistral":
-        return {
-            "add_bos_token": True,
-            "add_eos_token": False,
-            "added_tokens_decoder": decoder,
-            "additional_special_tokens": [],
-            "bos_token": "<s>",
-            "chat_template": MISTRAL_CHAT_TEMPLATE,
-            "clean_up_tokenization_spaces": False,
-            "eos_token": "</s>",
-            "legacy": True,
-            "model_max_length": 1000000000000000019884624838656,  # transformers' "no limit"
-            "pad_token": None,
-            "sp_model_kwargs": {},
-            "spaces_between_special_tokens": False,
-            "tokenizer_class": "LlamaTokenizer",
-            "unk_token": "<unk>",
-            "use_default_system_prompt": False,
-        }
-    return {
-        "add_bos_token": False,
-        "add_eos_token": False,
-        "added_tokens_decoder": decoder,
-        "bos_token": "<s>",
-        "chat_template": PHI3_CHAT_TEMPLATE,
-        "clean_up_tokenization_spaces": False,
-        "eos_token": "<|endoftext|>",
-        "legacy": False,
-        "model_max_length": CONTEXT,
-        "pad_token": "<|endoftext|>",
-        "padding_side": "left",
-        "sp_model_kwargs": {},
-        "tokenizer_class": "LlamaTokenizer",
-        "unk_token": "<unk>",
-        "use_default_system_prompt": False,
-    }
-
-
-def added_tokens_json() -> dict:
-    """Phi-3's added_tokens.json (content -> id), keys sorted as in its repo."""
-    return dict(sorted((t, i) for i, t, _, _ in added_tokens("phi3") if i >= BASE_VOCAB))
-
-
-def hf_tokenizer(arch: str = "mistral"):
-    """The tokenizer as a `tokenizers.Tokenizer` (what tokenizer.json holds)."""
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_str(json.dumps(tokenizer_json(arch)))
-
-
-def gguf_vocab(arch: str = "mistral") -> tuple[list[str], list[float], list[int]]:
-    """(tokens, scores, token types) as llama.cpp's converter makes them from the files above (module
-    docstring): LlamaModel's _create_vocab_sentencepiece for Mistral, Phi3MiniModel.set_vocab for Phi-3."""
-    sp = sentencepiece_vocab()
-    n = vocab_size(arch)
-    tokens, scores, types = [f"[PAD{i}]" for i in range(n)], [-10000.0] * n, [UNUSED] * n
-    for i, (p, s, t) in enumerate(sp):
-        tokens[i], scores[i], types[i] = p, s, t
-    looks_special = ("<pad>", "<mask>", "<2mass>", "[@BOS@]")  # does_token_look_special's fixed list
-    if arch == "mistral":
-        for key, d in tokenizer_config_json(arch)["added_tokens_decoder"].items():
-            i, t = int(key), d["content"]
-            special = d["special"] or t in looks_special or (t.startswith("<|") and t.endswith("|>"))
-            types[i] = CONTROL if special else USER_DEFINED
-            tokens[i] = t if special else t.replace(SPIECE, " ")
-            scores[i] = -1000.0
-        return tokens, scores, types
-    for t, i in added_tokens_json().items():
-        tokens[i], scores[i], types[i] = t, -1000.0, USER_DEFINED
-    entries = [(int(k), d) for k, d in tokenizer_config_json(arch)["added_tokens_decoder"].items()]
-    entries += [(d["id"], d) for d in tokenizer_json(arch)["added_tokens"]]
-    for i, d in entries:
-        tokens[i], scores[i], types[i] = d["content"], -1000.0, CONTROL if d["special"] else USER_DEFINED
-    return tokens, scores, types
-
-
-# ---------------------------------------------------------------------------------------------------
-# Config and weights
 
 
 def head_dim_of(head_dim: int | None = None) -> int:
@@ -474,268 +142,77 @@ def generation_config_json(arch: str = "mistral") -> dict:
             "pad_token_id": eot}
 
 
+
+def spec(arch: str = "mistral", tied: bool = False, head_dim: int | None = None) -> Tiny:
+    """The tinygen spec of `arch` (Mistral: `llama` GGUF, Q/K rows permuted; Phi-3: fused tensors)."""
+    hd, a = head_dim_of(head_dim), GGUF_ARCH[arch]
+    body = Body(HIDDEN, LAYERS, HEADS, KV_HEADS, hd, FFN, vocab_size(arch), tied=tied, fused=arch == "phi3")
+    if arch == "mistral":  # TextModel.set_gguf_parameters, then LlamaModel's
+        hp = {"block_count": LAYERS, "context_length": CONTEXT, "embedding_length": HIDDEN, "feed_forward_length": FFN,
+              "attention.head_count": HEADS, "attention.head_count_kv": KV_HEADS, "rope.freq_base": ROPE_THETA[arch],
+              "attention.layer_norm_rms_epsilon": RMS_EPS}
+        if head_dim is not None:  # config.json's head_dim
+            hp |= {"attention.key_length": head_dim, "attention.value_length": head_dim}
+        hp |= {"file_type": None, "vocab_size": vocab_size(arch), "rope.dimension_count": hd}
+    else:  # Phi3MiniModel.set_gguf_parameters
+        hp = {"context_length": CONTEXT, "rope.scaling.original_context_length": CONTEXT, "embedding_length": HIDDEN,
+              "feed_forward_length": FFN, "block_count": LAYERS, "attention.head_count": HEADS,
+              "attention.head_count_kv": KV_HEADS, "attention.layer_norm_rms_epsilon": RMS_EPS,
+              "rope.dimension_count": hd,  # int(partial_rotary_factor * dim) // heads
+              "rope.freq_base": ROPE_THETA[arch], "file_type": None, "attention.sliding_window": PHI3_SLIDING_WINDOW}
+    hparams = {("general." if k == "file_type" else f"{a}.") + k: v for k, v in hp.items()}
+    stem = arch + ("-tied" if tied else "") + (f"-hd{head_dim}" if head_dim is not None else "")
+    return Tiny(stem, ARCHS[arch] + (" Tied" if tied else ""), body, config_json(arch, tied, head_dim),
+                generation_config_json(arch), lambda d: write_tokenizer_files(d, arch), a, hparams,
+                lambda w: add_vocab(w, arch), permute=arch == "mistral")
+
+
 def state_dict(arch: str = "mistral", tied: bool = False, seed: int = 0,
                head_dim: int | None = None) -> dict[str, np.ndarray]:
     """The weights under transformers' MistralForCausalLM / Phi3ForCausalLM names, float32, drawn in
-    this fixed order (Phi-3's fused matrices drawn whole)."""
-    rs = np.random.RandomState(seed)
-
-    def normal(shape, std):
-        return (rs.standard_normal(shape) * std).astype(np.float32)
-
-    def norm(n=HIDDEN):
-        return (1.0 + rs.standard_normal(n) * NORM_STD).astype(np.float32)
-
-    hd = head_dim_of(head_dim)
-    q, kv = HEADS * hd, KV_HEADS * hd
-    sd = {"model.embed_tokens.weight": normal((vocab_size(arch), HIDDEN), EMBED_STD)}
-    for i in range(LAYERS):
-        p = f"model.layers.{i}."
-        sd[p + "input_layernorm.weight"] = norm()
-        if arch == "phi3":
-            sd[p + "self_attn.qkv_proj.weight"] = normal((q + 2 * kv, HIDDEN), MATRIX_STD)
-        else:
-            for x, rows in (("q", q), ("k", kv), ("v", kv)):
-                sd[p + f"self_attn.{x}_proj.weight"] = normal((rows, HIDDEN), MATRIX_STD)
-        sd[p + "self_attn.o_proj.weight"] = normal((HIDDEN, q), MATRIX_STD)
-        sd[p + "post_attention_layernorm.weight"] = norm()
-        if arch == "phi3":
-            sd[p + "mlp.gate_up_proj.weight"] = normal((2 * FFN, HIDDEN), MATRIX_STD)
-        else:
-            sd[p + "mlp.gate_proj.weight"] = normal((FFN, HIDDEN), MATRIX_STD)
-            sd[p + "mlp.up_proj.weight"] = normal((FFN, HIDDEN), MATRIX_STD)
-        sd[p + "mlp.down_proj.weight"] = normal((HIDDEN, FFN), MATRIX_STD)
-    sd["model.norm.weight"] = norm()
-    lm_head = normal((vocab_size(arch), HIDDEN), LM_HEAD_STD)  # drawn either way, so the others do not move
-    if not tied:
-        sd["lm_head.weight"] = lm_head
-    return sd
-
-
-# ---------------------------------------------------------------------------------------------------
-# Writers
-
-def hf_config(arch: str = "mistral", tied: bool = False, head_dim: int | None = None, attn: str = "eager"):
-    """transformers' MistralConfig / Phi3Config of config_json() (attention implementation `attn`)."""
-    import transformers
-
-    skip = ("architectures", "model_type", "torch_dtype")
-    c = {k: v for k, v in config_json(arch, tied, head_dim).items() if k not in skip}
-    cfg = getattr(transformers, f"{ARCHS[arch]}Config")(**c)
-    cfg._attn_implementation = attn
-    return cfg
+    a fixed order (Phi-3's fused matrices drawn whole)."""
+    return spec(arch, tied, head_dim).state_dict(seed)
 
 
 def hf_model(arch: str = "mistral", tied: bool = False, seed: int = 0, head_dim: int | None = None,
              attn: str = "eager", weights: dict | None = None):
-    """The transformers MistralForCausalLM / Phi3ForCausalLM (float32, eval mode, `attn` attention:
-    eager, whose masks apply the sliding window as every implementation does) holding
-    `state_dict(arch, tied, seed, head_dim)` (or `weights`, under the same names)."""
-    import torch
-    import transformers
-
-    model = getattr(transformers, f"{ARCHS[arch]}ForCausalLM")(hf_config(arch, tied, head_dim, attn))
-    model = model.to(torch.float32)
-    sd = {k: torch.from_numpy(np.array(v, np.float32)) for k, v in (weights or state_dict(arch, tied, seed,
-                                                                                          head_dim)).items()}
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    if unexpected or set(missing) - ({"lm_head.weight"} if tied else set()):
-        raise RuntimeError(f"state dict mismatch: missing {missing}, unexpected {unexpected}")
-    if tied and model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr():
-        raise RuntimeError("lm_head is not tied to embed_tokens")
-    return model.eval()
-
-
-def write_tokenizer_files(hf_dir: Path, arch: str = "mistral") -> None:
-    """tokenizer.json, tokenizer_config.json (and Phi-3's added_tokens.json)."""
-    hf_dir = Path(hf_dir)
-    _write_json(hf_dir / "tokenizer.json", tokenizer_json(arch))
-    _write_json(hf_dir / "tokenizer_config.json", tokenizer_config_json(arch))
-    if arch == "phi3":
-        _write_json(hf_dir / "added_tokens.json", added_tokens_json())
+    """The transformers MistralForCausalLM / Phi3ForCausalLM (float32, eval mode, `attn` attention)
+    holding `state_dict(arch, tied, seed, head_dim)` (or `weights`, under the same names)."""
+    return spec(arch, tied, head_dim).hf_model(seed, weights, attn=attn)
 
 
 def write_hf_dir(hf_dir: Path, arch: str = "mistral", tied: bool = False, seed: int = 0,
                  head_dim: int | None = None) -> Path:
-    """A Hugging Face directory: model.safetensors (by save_pretrained), config.json,
-    generation_config.json and the tokenizer files. Returns hf_dir."""
-    hf_dir = Path(hf_dir)
-    hf_dir.mkdir(parents=True, exist_ok=True)
-    hf_model(arch, tied, seed, head_dim).save_pretrained(hf_dir, safe_serialization=True)
-    # save_pretrained's JSON carries its transformers version and that version's key names: write the
-    # hub's form instead, so the bytes depend on nothing installed.
-    _write_json(hf_dir / "config.json", config_json(arch, tied, head_dim))
-    _write_json(hf_dir / "generation_config.json", generation_config_json(arch))
-    write_tokenizer_files(hf_dir, arch)
-    return hf_dir
-
-
-# gguf-py's tensor map (MODEL_ARCH.LLAMA for Mistral, MODEL_ARCH.PHI3), as llama.cpp's converter names them.
-_GGUF_NAMES = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.qkv_proj.weight": "attn_qkv.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.gate_up_proj.weight": "ffn_up.weight",  # [gate; up], llama.cpp's fused SwiGLU input
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-GGUF_ARCH = {"mistral": "llama", "phi3": "phi3"}  # general.architecture
+    return spec(arch, tied, head_dim).write_hf_dir(hf_dir, seed)
 
 
 def gguf_name(hf_name: str) -> str:
-    return _gguf_name(hf_name, _GGUF_NAMES)
-
-
-def gguf_tensor_order(arch: str = "mistral", tied: bool = False, head_dim: int | None = None) -> list[str]:
-    """HF names in the order llama.cpp's converter writes them: it walks the safetensors file, whose
-    tensors are sorted by name (blk.1 before blk.10: fine for the few layers here)."""
-    return sorted(state_dict(arch, tied, head_dim=head_dim))
-
-
-def gguf_tensors(arch: str = "mistral", tied: bool = False, seed: int = 0,
-                 head_dim: int | None = None) -> list[tuple[str, np.ndarray]]:
-    """(GGUF name, float32 array) in the converter's order, as it stores them before quantizing
-    (Mistral's Q and K rows permuted)."""
-    sd = state_dict(arch, tied, seed, head_dim)
-    out = []
-    for hf_name in gguf_tensor_order(arch, tied, head_dim):
-        arr = sd[hf_name]
-        if arch == "mistral" and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
-            arr = llama_permute(arr, HEADS if "q_proj" in hf_name else KV_HEADS)
-        out.append((gguf_name(hf_name), arr))
-    return out
+    return tinygen.gguf_name(hf_name, GGUF_NAMES)
 
 
 def write_gguf(path: Path, arch: str = "mistral", quant: str | None = None, tied: bool = False, seed: int = 0,
                name: str | None = None, head_dim: int | None = None, overrides: dict | None = None,
                extra_tensors: dict | None = None) -> Path:
     """The same model as llama.cpp's converter writes it (a `llama` GGUF for Mistral, `phi3` for
-    Phi-3). quant: None/"f32" (all F32), or one of "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"
-    for every 2-D matrix (token_embd and output included, as the converter's --outtype does); 1-D
-    tensors stay F32. name: general.name, by default what the converter derives from make_tiny's
-    directory name ("Tiny Phi3": llama.cpp gives Phi-3's special tokens rstrip by that name).
-
-    For files that are wrong on purpose: `overrides` maps a metadata key ("phi3.attention.sliding_window")
-    to the value written instead of the converter's (a key it does not write is added after the
-    hyperparameters: int -> uint32, float -> float32, str -> string); `extra_tensors` (name -> float32
-    array) are written first, as the converter writes generate_extra_tensors' (Phi-3 128k's
-    rope_factors_long / rope_factors_short). Returns path."""
-    import gguf
-    from gguf import GGUFWriter, LlamaFileType
-
-    ftname = QUANTS[quant][1]
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tensors = gguf_tensors(arch, tied, seed, head_dim)
-    tokens, scores, toktypes = gguf_vocab(arch)
-    overrides = dict(overrides or {})
-    a = GGUF_ARCH[arch]
-    hd = head_dim_of(head_dim)
-
-    w = GGUFWriter(path, a)  # general.architecture; alignment 32 by default
-
-    def kv(key, add, value):
-        add(overrides.pop(f"{a}.{key}", value))
-
-    # In the converter's order: model info, hyperparameters, the quantization version, the vocabulary.
-    w.add_type(gguf.GGUFType.MODEL)
-    w.add_name(name or f"Tiny {ARCHS[arch]}" + (" Tied" if tied else "") + (f" S{seed}" if seed else ""))
-    n_params = sum(arr.size for _, arr in tensors)
-    w.add_size_label(gguf.size_label(n_params, n_params, 0, 0))  # as the converter computes it
-    if arch == "mistral":  # TextModel.set_gguf_parameters, then LlamaModel's
-        kv("block_count", w.add_block_count, LAYERS)
-        kv("context_length", w.add_context_length, CONTEXT)
-        kv("embedding_length", w.add_embedding_length, HIDDEN)
-        kv("feed_forward_length", w.add_feed_forward_length, FFN)
-        kv("attention.head_count", w.add_head_count, HEADS)
-        kv("attention.head_count_kv", w.add_head_count_kv, KV_HEADS)
-        kv("rope.freq_base", w.add_rope_freq_base, ROPE_THETA[arch])
-        kv("attention.layer_norm_rms_epsilon", w.add_layer_norm_rms_eps, RMS_EPS)
-        if head_dim is not None:  # config.json's head_dim
-            kv("attention.key_length", w.add_key_length, head_dim)
-            kv("attention.value_length", w.add_value_length, head_dim)
-        w.add_file_type(LlamaFileType[ftname])
-        kv("vocab_size", w.add_vocab_size, vocab_size(arch))
-        kv("rope.dimension_count", w.add_rope_dimension_count, hd)
-    else:  # Phi3MiniModel.set_gguf_parameters
-        kv("context_length", w.add_context_length, CONTEXT)
-        kv("rope.scaling.original_context_length", w.add_rope_scaling_orig_ctx_len, CONTEXT)
-        kv("embedding_length", w.add_embedding_length, HIDDEN)
-        kv("feed_forward_length", w.add_feed_forward_length, FFN)
-        kv("block_count", w.add_block_count, LAYERS)
-        kv("attention.head_count", w.add_head_count, HEADS)
-        kv("attention.head_count_kv", w.add_head_count_kv, KV_HEADS)
-        kv("attention.layer_norm_rms_epsilon", w.add_layer_norm_rms_eps, RMS_EPS)
-        kv("rope.dimension_count", w.add_rope_dimension_count, hd)  # int(partial_rotary_factor * dim) // heads
-        kv("rope.freq_base", w.add_rope_freq_base, ROPE_THETA[arch])
-        w.add_file_type(LlamaFileType[ftname])
-        kv("attention.sliding_window", w.add_sliding_window, PHI3_SLIDING_WINDOW)
-    _G.add_overrides(w, overrides)
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(toktypes)
-    # SpecialVocab: tokenizer_config's bos/eos/unk/pad (config.json's ids agree); add_bos from the
-    # post-processor (Mistral's adds <s>; its pair template makes add_sep false) or else from
-    # tokenizer_config (Phi-3: false), add_eos from tokenizer_config; the chat template.
-    w.add_bos_token_id(BOS_ID)
-    if arch == "mistral":
-        w.add_eos_token_id(EOS_ID)
-        w.add_unk_token_id(UNK_ID)
-        w.add_add_bos_token(True)
-        w.add_add_sep_token(False)
-        w.add_add_eos_token(False)
-        w.add_chat_template(MISTRAL_CHAT_TEMPLATE)
-    else:
-        eot = token_id("<|endoftext|>", arch)
-        w.add_eos_token_id(eot)
-        w.add_unk_token_id(UNK_ID)
-        w.add_pad_token_id(eot)
-        w.add_add_bos_token(False)
-        w.add_add_eos_token(False)
-        w.add_chat_template(PHI3_CHAT_TEMPLATE)
-    if overrides:
-        raise KeyError(f"overrides for keys write_gguf does not write: {sorted(overrides)}")
-
-    for gname, arr in list((extra_tensors or {}).items()) + tensors:
-        arr = np.asarray(arr, np.float32)
-        add_tensor(w, gname, arr, quant)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    Phi-3; tinygen.Tiny.write_gguf). name: general.name, by default what the converter derives from
+    make_tiny's directory name ("Tiny Phi3": llama.cpp gives Phi-3's special tokens rstrip by that
+    name). `overrides` and `extra_tensors` (Phi-3 128k's rope_factors_long / short, say) make files
+    that are wrong on purpose."""
+    return spec(arch, tied, head_dim).write_gguf(path, quant, seed, name, overrides, extra=extra_tensors)
 
 
 def dequantized_state_dict(arch: str = "mistral", quant: str | None = None, tied: bool = False, seed: int = 0,
                            head_dim: int | None = None) -> dict[str, np.ndarray]:
-    """state_dict() with each matrix round-tripped through what write_gguf stores for it (the float
-    weights the quantized GGUF holds), for comparing quantized files against a float reference. (Blocks
-    run along rows, so Mistral's permuted rows and Phi-3's fused ones quantize as these do.)"""
-    return {k: stored_values(v, quant) for k, v in state_dict(arch, tied, seed, head_dim).items()}
+    """state_dict() as the GGUF of `quant` stores it. (Blocks run along rows, so Mistral's permuted
+    rows and Phi-3's fused ones quantize as these do.)"""
+    return spec(arch, tied, head_dim).dequantized(quant, seed)
 
 
 def make_tiny(out_dir: Path, arch: str = "mistral", quant: str | None = None, tied: bool = False,
               seed: int = 0, head_dim: int | None = None) -> tuple[Path, Path]:
-    """Both forms under out_dir -> (hf_dir, gguf_path): out_dir/tiny-ARCH[-tied][-hdN]/ and
-    out_dir/tiny-ARCH[-tied][-hdN]-<F32|Q8_0|...>.gguf."""
-    out_dir = Path(out_dir)
-    stem = (f"tiny-{arch}" + ("-tied" if tied else "") + (f"-s{seed}" if seed else "")
-            + (f"-hd{head_dim}" if head_dim is not None else ""))
-    hf_dir = write_hf_dir(out_dir / stem, arch, tied=tied, seed=seed, head_dim=head_dim)
-    g = write_gguf(out_dir / f"{stem}-{QUANTS[quant][0]}.gguf", arch, quant=quant, tied=tied, seed=seed,
-                   head_dim=head_dim)
-    return hf_dir, g
+    """Both forms under out_dir -> (hf_dir, gguf_path): out_dir/tiny-ARCH[-tied][-hdN][-sN]/ and
+    out_dir/tiny-ARCH[-tied][-hdN][-sN]-<F32|Q8_0|...>.gguf."""
+    return spec(arch, tied, head_dim).make(out_dir, quant, seed)
 
 
 if __name__ == "__main__":  # python tests/spmgen.py OUT_DIR mistral|phi3 [quant] [--tied]

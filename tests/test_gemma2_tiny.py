@@ -16,9 +16,11 @@ import numpy as np
 import pytest
 
 import gemma2gen as G
-import gemma3gen
+import gemmatok
 import tinydet
-from contract import bits, check_greedy_matches, check_native_gives_fp32_bits, check_threads_chunking_and_batch
+from archrunner import (DROP, backend_logits, check_converted, check_greedy, check_logits, check_matches_reference,
+                        edited, fixtures, float32_eps, refused)
+from contract import bits, check_native_gives_fp32_bits, check_threads_chunking_and_batch
 from reference import hf_logits
 
 torch = pytest.importorskip("torch")
@@ -30,61 +32,35 @@ TEXTS = ["The quick brown fox jumps over the lazy dog, and the dog does not mind
          "In 1969, three astronauts flew to the Moon and back; café 😀 naïve: tabs\tand  double  spaces.",
          "Once upon a time there was a little robot who wanted to learn how to paint.\n\nEvery morning it"]
 
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    """(hf_dir, {quant: gguf})."""
-    out = tmp_path_factory.mktemp("gemma2")
-    hf, f32 = G.make_tiny_gemma2(out)
-    return hf, {None: f32, "q8_0": G.write_gguf(out / "tiny-gemma2-q8_0.gguf", "q8_0")}
-
-
-@pytest.fixture(scope="module")
-def ref():
-    return G.hf_model()  # eager attention
-
-
-@pytest.fixture(scope="module")
-def models(files):
-    hf, ggufs = files
-    return {"hf": tinydet.load(hf), "gguf": tinydet.load(ggufs[None])}
+# files: (hf_dir, {None, "q8_0": gguf}); models: {"hf", "gguf"}; ref: transformers' Gemma2ForCausalLM, eager
+arch, files, models, ref = fixtures(lambda arch, tied: G.spec(), quants=("q8_0",))
 
 
 def test_logits_match_transformers_and_gguf_equals_hf_dir(models, ref, record_property):
     from_dir, from_gguf = models["hf"], models["gguf"]
-    # GGUF stores the RMSNorm epsilon as a float32, config.json as a decimal: the kernels use float32
-    assert dataclasses.replace(from_dir.config, rms_eps=float(np.float32(from_dir.config.rms_eps))) == from_gguf.config
+    assert float32_eps(from_dir.config) == from_gguf.config
     cfg = from_gguf.config
     assert (cfg.arch, cfg.head_dim, cfg.layer_windows, cfg.layer_ropes) == ("gemma2", G.HEAD_DIM, (8, 0, 8, 0), ())
     assert (cfg.attn_softcap, cfg.logit_softcap, cfg.embed_scale, cfg.qk_norm) == (50.0, 30.0, 8.0, False)
     assert cfg.attn_scale == float(np.float32(G.QUERY_PRE_ATTN_SCALAR ** -0.5))
-    raw = gemma3gen.hf_tokenizer()
-    worst = 0.0
-    for text in TEXTS:
-        ids = from_gguf.tokenize(text)
-        assert ids == from_dir.tokenize(text) == raw.encode(text).ids and len(ids) > 2 * G.SLIDING_WINDOW
-        ours = from_gguf.logits(ids)
-        assert np.array_equal(bits(ours), bits(from_dir.logits(ids)))
-        worst = max(worst, float(np.abs(ours - hf_logits(ref, ids)).max()))
-    record_property("gemma2_max_abs_diff_vs_transformers", worst)
-    print(f"tiny gemma2: max |tinydet - transformers| = {worst:.2e} over {len(TEXTS)} prompts")
-    assert worst <= 1e-4
+    assert all(len(from_gguf.tokenize(text)) > 2 * G.SLIDING_WINDOW for text in TEXTS)
+    raw = gemmatok.hf_tokenizer()
+    check_logits(from_dir, from_gguf, ref, TEXTS, "gemma2", record_property, encode=lambda t: raw.encode(t).ids)
 
 
 def test_soft_caps_that_bind_from_both_formats(files, models, tmp_path, record_property):
     """Caps small enough to bind (attention 1.0, final 2.0): GGUF and HF directory give the same bits,
     within 1e-4 of transformers reading that directory, and far from those of the caps at 50 / 30 and
     of the same model without the attention cap."""
-    from tinydet.backends.cpu import CPUBackend
     from tinydet.formats import open_checkpoint
 
     hf, ggufs = files
     caps = {"attn_logit_softcapping": 1.0, "final_logit_softcapping": 2.0}
-    d = _edited(hf, tmp_path / "hf", **caps)
+    d = edited(hf, tmp_path / "hf", **caps)
     g = G.write_gguf(tmp_path / "caps.gguf", overrides={f"gemma2.{k}": v for k, v in caps.items()})
     a, b = tinydet.load(d), tinydet.load(g)
     assert (b.config.attn_softcap, b.config.logit_softcap) == (1.0, 2.0)
-    assert dataclasses.replace(a.config, rms_eps=float(np.float32(a.config.rms_eps))) == b.config
+    assert float32_eps(a.config) == b.config
     m = G.hf_model(**caps)
     plain = models["gguf"]
     ck = open_checkpoint(g)
@@ -95,33 +71,26 @@ def test_soft_caps_that_bind_from_both_formats(files, models, tmp_path, record_p
         assert np.array_equal(bits(ours), bits(a.logits(ids)))
         worst = max(worst, float(np.abs(ours - hf_logits(m, ids)).max()))
         assert float(np.abs(ours - plain.logits(ids)).max()) > 1e-2
-        be = CPUBackend(dataclasses.replace(ck.config, attn_softcap=None), ck.tensors)
-        assert float(np.abs(ours - be.forward(ids, be.new_cache(len(ids)), all_logits=True)).max()) > 1e-2
+        uncapped = backend_logits(dataclasses.replace(ck.config, attn_softcap=None), ck.tensors, ids)
+        assert float(np.abs(ours - uncapped).max()) > 1e-2
     record_property("gemma2_binding_caps_max_abs_diff_vs_transformers", worst)
     print(f"tiny gemma2, caps 1 / 2: max |tinydet - transformers| = {worst:.2e}")
     assert worst <= 1e-4
 
 
 def test_window_matters(files):
-    from tinydet.backends.cpu import CPUBackend
     from tinydet.formats import open_checkpoint
 
     ck = open_checkpoint(files[0])
     ids = ck.tokenizer.encode(TEXTS[0])
-
-    def run(cfg):
-        be = CPUBackend(cfg, ck.tensors)
-        return be.forward(ids, be.new_cache(len(ids)), all_logits=True)
-
-    base, full = run(ck.config), run(dataclasses.replace(ck.config, layer_windows=()))
+    base = backend_logits(ck.config, ck.tensors, ids)
+    full = backend_logits(dataclasses.replace(ck.config, layer_windows=()), ck.tensors, ids)
     assert np.abs(base - full).max() > 1e-2
     assert np.array_equal(bits(base[:G.SLIDING_WINDOW]), bits(full[:G.SLIDING_WINDOW]))  # same until the edge
 
 
 def test_greedy_32_tokens_match_transformers(models, ref):
-    for name, text in (("gguf", TEXTS[0]), ("gguf", TEXTS[1]), ("hf", TEXTS[2])):
-        model = models[name]
-        check_greedy_matches(model, ref, model.tokenize(text), label=(name, text))
+    check_greedy(models, ref, (("gguf", TEXTS[0]), ("gguf", TEXTS[1]), ("hf", TEXTS[2])))
 
 
 def test_threads_chunking_and_batch(files, tmp_path):
@@ -134,10 +103,7 @@ def test_threads_chunking_and_batch(files, tmp_path):
 
 def test_native_q8_0_gives_fp32_bits_and_matches_transformers(files):
     check_native_gives_fp32_bits(files[1]["q8_0"], "q8_0", TEXTS[:2], kinds=("wqkv", "output"))
-    model = tinydet.load(files[1]["q8_0"])
-    ids = model.tokenize(TEXTS[0])
-    want = hf_logits(G.hf_model(weights=G.dequantized_state_dict("q8_0")), ids)
-    assert float(np.abs(model.logits(ids) - want).max()) <= 1e-4
+    check_matches_reference(files[1]["q8_0"], G.hf_model(weights=G.dequantized_state_dict("q8_0")), TEXTS[:1])
 
 
 def test_convert_back_to_hf_directory(files, tmp_path, ref):
@@ -152,29 +118,10 @@ def test_convert_back_to_hf_directory(files, tmp_path, ref):
     assert (c["attn_logit_softcapping"], c["final_logit_softcapping"], c["query_pre_attn_scalar"],
             c["sliding_window"], c["layer_types"]) == (50.0, 30.0, G.QUERY_PRE_ATTN_SCALAR, G.SLIDING_WINDOW,
                                                       ["sliding_attention", "full_attention"] * 2)
-    m = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
-    assert type(m).__name__ == "Gemma2ForCausalLM"
-    ids = tinydet.load(src).tokenize(TEXTS[3])
-    assert np.array_equal(hf_logits(m, ids), hf_logits(ref, ids))
-    assert np.array_equal(bits(tinydet.load(out).logits(ids)), bits(tinydet.load(src).logits(ids)))
+    check_converted(src, out, ref, "Gemma2ForCausalLM", TEXTS[3:])
 
 
 # --- config.json's defaults and bad input ---------------------------------------------------------------
-
-def _edited(src, dst, **changes):
-    dst.mkdir()
-    for f in src.iterdir():
-        (dst / f.name).symlink_to(f)
-    (dst / "config.json").unlink()
-    c = json.loads((src / "config.json").read_text())
-    for k, v in changes.items():
-        c.pop(k, None) if v is _DROP else c.__setitem__(k, v)
-    (dst / "config.json").write_text(json.dumps(c))
-    return dst
-
-
-_DROP = object()
-
 
 def test_config_defaults_are_gemma2configs(files, tmp_path):
     """Absent keys take Gemma2Config's values (caps 50 and 30, query_pre_attn_scalar 256, the even
@@ -182,14 +129,14 @@ def test_config_defaults_are_gemma2configs(files, tmp_path):
     from tinydet.formats.hf_dir import read_hf_config
 
     _, base, _, _ = read_hf_config(files[0])
-    absent = _edited(files[0], tmp_path / "absent", attn_logit_softcapping=_DROP, final_logit_softcapping=_DROP,
-                     query_pre_attn_scalar=_DROP, sliding_window=_DROP)
+    absent = edited(files[0], tmp_path / "absent", attn_logit_softcapping=DROP, final_logit_softcapping=DROP,
+                    query_pre_attn_scalar=DROP, sliding_window=DROP)
     _, cfg, _, _ = read_hf_config(absent)
     assert cfg == dataclasses.replace(base, attn_scale=0.0625, layer_windows=(4096, 0, 4096, 0))
     ref = transformers.AutoConfig.from_pretrained(absent)
     assert (ref.attn_logit_softcapping, ref.final_logit_softcapping, ref.query_pre_attn_scalar, ref.sliding_window,
             ref.layer_types) == (50.0, 30.0, 256, 4096, ["sliding_attention", "full_attention"] * 2)
-    null = _edited(files[0], tmp_path / "null", attn_logit_softcapping=None, final_logit_softcapping=None)
+    null = edited(files[0], tmp_path / "null", attn_logit_softcapping=None, final_logit_softcapping=None)
     _, cfg, _, _ = read_hf_config(null)
     assert (cfg.attn_softcap, cfg.logit_softcap) == (None, None)
 
@@ -198,19 +145,11 @@ def test_transformers_own_config_json_reads_alike(files, tmp_path, ref):
     """config.json as transformers 5 saves it (rope_parameters, its own key set) reads to the same config."""
     from tinydet.formats.hf_dir import read_hf_config
 
-    d = _edited(files[0], tmp_path / "v5")
+    d = edited(files[0], tmp_path / "v5")
     (d / "config.json").unlink()
     ref.config.save_pretrained(d)
     assert "rope_parameters" in json.loads((d / "config.json").read_text())
     assert read_hf_config(d)[1] == read_hf_config(files[0])[1]
-
-
-def _refused(path, field):
-    with pytest.raises(tinydet.ModelFormatError) as e:
-        tinydet.load(path)
-    msg = str(e.value)
-    assert "\n" not in msg and str(path) in msg and e.value.field == field, msg
-    return msg
 
 
 @pytest.mark.parametrize("field,value,expect", [
@@ -224,7 +163,7 @@ def _refused(path, field):
     ("rope_scaling", {"rope_type": "linear", "factor": 2.0}, "linear"),
 ])
 def test_bad_config_json_is_refused(files, tmp_path, field, value, expect):
-    assert expect in _refused(_edited(files[0], tmp_path / "d", **{field: value}), field)
+    assert expect in refused(edited(files[0], tmp_path / "d", **{field: value}), field)
 
 
 @pytest.mark.parametrize("key,value,expect", [
@@ -233,12 +172,12 @@ def test_bad_config_json_is_refused(files, tmp_path, field, value, expect):
     ("gemma2.attention.sliding_window", 0, "positive"),
 ])
 def test_bad_gguf_is_refused(tmp_path, key, value, expect):
-    assert expect in _refused(G.write_gguf(tmp_path / "x.gguf", overrides={key: value}), key)
+    assert expect in refused(G.write_gguf(tmp_path / "x.gguf", overrides={key: value}), key)
 
 
 def test_missing_tensor_is_refused(tmp_path):
     p = G.write_gguf(tmp_path / "x.gguf", drop=("blk.1.post_ffw_norm.weight",))
-    assert "missing" in _refused(p, "blk.1.post_ffw_norm.weight")
+    assert "missing" in refused(p, "blk.1.post_ffw_norm.weight")
 
 
 def test_gpu_backend_refuses_attention_soft_capping(models):

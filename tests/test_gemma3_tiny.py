@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 
 import numpy as np
 import pytest
 
 import gemma3gen as G
 import tinydet
-from contract import bits, check_greedy_matches, check_native_gives_fp32_bits, check_threads_chunking_and_batch
+from archrunner import (DROP, backend_logits, check_converted, check_greedy, check_logits, check_matches_reference,
+                        edited, fixtures, float32_eps, refused)
+from contract import bits, check_native_gives_fp32_bits, check_threads_chunking_and_batch
+from reference import hf_logits
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -28,31 +30,8 @@ TEXTS = ["The quick brown fox jumps over the lazy dog, and the dog does not mind
          "In 1969, three astronauts flew to the Moon and back; café 😀 naïve: tabs\tand  double  spaces.",
          "Once upon a time there was a little robot who wanted to learn how to paint.\n\nEvery morning it"]
 
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    """(hf_dir, {quant: gguf})."""
-    out = tmp_path_factory.mktemp("gemma3")
-    hf, f32 = G.make_tiny_gemma3(out)
-    ggufs = {q: G.write_gguf(out / f"tiny-gemma3-{q}.gguf", q) for q in ("q8_0", "q4_0")}
-    ggufs[None] = f32
-    return hf, ggufs
-
-
-@pytest.fixture(scope="module")
-def ref():
-    return G.hf_model()  # eager attention
-
-
-@pytest.fixture(scope="module")
-def models(files):
-    hf, ggufs = files
-    return {"hf": tinydet.load(hf), "gguf": tinydet.load(ggufs[None])}
-
-
-def _logits(model, ids):
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].numpy()
+# files: (hf_dir, {quant: gguf}); models: {"hf", "gguf"}; ref: transformers' Gemma3ForCausalLM, eager
+arch, files, models, ref = fixtures(lambda arch, tied: G.spec())
 
 
 def test_prompts_are_longer_than_the_window(models):
@@ -63,23 +42,14 @@ def test_prompts_are_longer_than_the_window(models):
 
 def test_logits_match_transformers_and_gguf_equals_hf_dir(models, ref, record_property):
     from_dir, from_gguf = models["hf"], models["gguf"]
-    # GGUF stores the RMSNorm epsilon as a float32, config.json as a decimal: the kernels use float32
-    assert dataclasses.replace(from_dir.config, rms_eps=float(np.float32(from_dir.config.rms_eps))) == from_gguf.config
+    assert float32_eps(from_dir.config) == from_gguf.config
     cfg = from_gguf.config
     assert (cfg.arch, cfg.head_dim, cfg.layer_windows) == ("gemma3", G.HEAD_DIM, (G.SLIDING_WINDOW,) * 5 + (0,))
     assert [r.base for r in cfg.layer_ropes] == [G.ROPE_LOCAL_BASE] * 5 + [G.ROPE_THETA]
     assert cfg.attn_scale == float(np.float32(G.QUERY_PRE_ATTN_SCALAR ** -0.5)) and cfg.embed_scale == 8.0
+    assert all(from_gguf.tokenize(text)[0] == G.BOS_ID for text in TEXTS)
     raw = G.hf_tokenizer()
-    worst = 0.0
-    for text in TEXTS:
-        ids = from_gguf.tokenize(text)
-        assert ids == from_dir.tokenize(text) == raw.encode(text).ids and ids[0] == G.BOS_ID
-        ours = from_gguf.logits(ids)
-        assert np.array_equal(bits(ours), bits(from_dir.logits(ids)))
-        worst = max(worst, float(np.abs(ours - _logits(ref, ids)).max()))
-    record_property("gemma3_max_abs_diff_vs_transformers", worst)
-    print(f"tiny gemma3: max |tinydet - transformers| = {worst:.2e} over {len(TEXTS)} prompts")
-    assert worst <= 1e-4
+    check_logits(from_dir, from_gguf, ref, TEXTS, "gemma3", record_property, encode=lambda t: raw.encode(t).ids)
 
 
 def test_hf_norms_are_read_as_float32_one_plus_w(files):
@@ -110,29 +80,21 @@ def test_hf_norms_are_read_as_float32_one_plus_w(files):
 def test_window_and_norm_offset_matter(files):
     """The prompts reach past the window (full attention would change the logits), and a reader that
     took HF's w as the scale (no 1 + w) would be far off."""
-    from tinydet.backends.cpu import CPUBackend
     from tinydet.formats import Tensor, open_checkpoint
 
     ck = open_checkpoint(files[0])
     ids = ck.tokenizer.encode(TEXTS[0])
-
-    def run(cfg, tensors):
-        be = CPUBackend(cfg, tensors)
-        return be.forward(ids, be.new_cache(len(ids)), all_logits=True)
-
-    base = run(ck.config, ck.tensors)
-    full = run(dataclasses.replace(ck.config, layer_windows=(0,) * G.LAYERS), ck.tensors)
+    base = backend_logits(ck.config, ck.tensors, ids)
+    full = backend_logits(dataclasses.replace(ck.config, layer_windows=(0,) * G.LAYERS), ck.tensors, ids)
     assert np.abs(base - full).max() > 1e-2
     assert np.array_equal(bits(base[:G.SLIDING_WINDOW]), bits(full[:G.SLIDING_WINDOW]))  # same until the edge
     raw = {k: (Tensor.of(np.asarray(v) - np.float32(1.0)) if k.endswith("norm") else v) for k, v in ck.tensors.items()}
     raw["output"] = raw["tok_embeddings"]
-    assert np.abs(base - run(ck.config, raw)).max() > 0.5
+    assert np.abs(base - backend_logits(ck.config, raw, ids)).max() > 0.5
 
 
 def test_greedy_32_tokens_match_transformers(models, ref):
-    for name, text in (("gguf", TEXTS[0]), ("gguf", TEXTS[1]), ("gguf", TEXTS[3]), ("hf", TEXTS[2])):
-        model = models[name]
-        check_greedy_matches(model, ref, model.tokenize(text), label=(name, text))
+    check_greedy(models, ref, (("gguf", TEXTS[0]), ("gguf", TEXTS[1]), ("gguf", TEXTS[3]), ("hf", TEXTS[2])))
 
 
 def test_threads_chunking_and_batch(files):
@@ -149,10 +111,7 @@ def test_native_storage_gives_fp32_bits(files, quant):
 
 def test_q8_0_matches_transformers_with_its_weights(files):
     """The Q8_0 file runs the Gemma3ForCausalLM that holds its dequantized weights (within 1e-4)."""
-    model = tinydet.load(files[1]["q8_0"])
-    ref = G.hf_model(weights=G.dequantized_state_dict("q8_0"))
-    ids = model.tokenize(TEXTS[0])
-    assert float(np.abs(model.logits(ids) - _logits(ref, ids)).max()) <= 1e-4
+    check_matches_reference(files[1]["q8_0"], G.hf_model(weights=G.dequantized_state_dict("q8_0")), TEXTS[:1])
 
 
 def test_convert_back_to_hf_directory(files, tmp_path, ref):
@@ -185,13 +144,8 @@ def test_convert_back_to_hf_directory(files, tmp_path, ref):
             w = st[t.hf.format(*idx)]
             assert np.array_equal(bits(w), bits(stored[canon] - np.float32(1.0))), canon
             assert np.array_equal(bits(np.float32(1.0) + w), bits(stored[canon])), canon
-    m = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
-    assert type(m).__name__ == "Gemma3ForCausalLM"
-    back = tinydet.load(out)
-    ids = back.tokenize(TEXTS[3])
-    assert ids == tinydet.load(src).tokenize(TEXTS[3])
-    assert np.array_equal(_logits(m, ids), _logits(ref, ids))  # the same scales, bit for bit, through transformers
-    assert np.array_equal(bits(back.logits(ids)), bits(tinydet.load(src).logits(ids)))
+    check_converted(src, out, ref, "Gemma3ForCausalLM", TEXTS[3:])  # the same scales, through transformers
+    ids = tinydet.load(src).tokenize(TEXTS[3])
     # The quantized file too (its matrices dequantized exactly into float32).
     q = convert_gguf_to_hf(files[1]["q8_0"], tmp_path / "conv-q8")
     assert np.array_equal(bits(tinydet.load(q).logits(ids)), bits(tinydet.load(files[1]["q8_0"]).logits(ids)))
@@ -218,21 +172,6 @@ def test_norm_offset_round_trip_range():
 
 # --- config.json's forms and settings -----------------------------------------------------------------
 
-def _edited(src, dst, **changes):
-    shutil.copytree(src, dst)
-    cfg = json.loads((dst / "config.json").read_text())
-    for k, v in changes.items():
-        if v is _DROP:
-            cfg.pop(k, None)
-        else:
-            cfg[k] = v
-    (dst / "config.json").write_text(json.dumps(cfg))
-    return dst
-
-
-_DROP = object()
-
-
 def test_config_forms_read_alike(files, tmp_path):
     """transformers 5's form (rope_parameters by layer type, as save_pretrained writes it), a config from
     before layer_types (sliding_window_pattern) and one without tie_word_embeddings (Gemma ties by
@@ -242,13 +181,13 @@ def test_config_forms_read_alike(files, tmp_path):
     hf = files[0]
     _, base, tie, _ = read_hf_config(hf)
     assert tie is True and "tie_word_embeddings" not in json.loads((hf / "config.json").read_text())
-    v5 = _edited(hf, tmp_path / "v5", rope_theta=_DROP, rope_local_base_freq=_DROP, rope_scaling=_DROP,
-                 tie_word_embeddings=True, rope_parameters={
-                     "full_attention": {"rope_theta": G.ROPE_THETA, "rope_type": "default"},
-                     "sliding_attention": {"rope_theta": G.ROPE_LOCAL_BASE, "rope_type": "default"}})
-    old = _edited(hf, tmp_path / "old", layer_types=_DROP, sliding_window_pattern=6)
-    defaults = _edited(hf, tmp_path / "defaults", rope_theta=_DROP, rope_local_base_freq=_DROP,
-                       query_pre_attn_scalar=_DROP)
+    v5 = edited(hf, tmp_path / "v5", rope_theta=DROP, rope_local_base_freq=DROP, rope_scaling=DROP,
+                tie_word_embeddings=True, rope_parameters={
+                    "full_attention": {"rope_theta": G.ROPE_THETA, "rope_type": "default"},
+                    "sliding_attention": {"rope_theta": G.ROPE_LOCAL_BASE, "rope_type": "default"}})
+    old = edited(hf, tmp_path / "old", layer_types=DROP, sliding_window_pattern=6)
+    defaults = edited(hf, tmp_path / "defaults", rope_theta=DROP, rope_local_base_freq=DROP,
+                      query_pre_attn_scalar=DROP)
     for d in (v5, old):
         _, cfg, t, _ = read_hf_config(d)
         assert (cfg, t) == (base, True), d.name
@@ -269,10 +208,10 @@ def test_settings_from_both_formats(files, tmp_path, setting, ref):
     transformers reading that directory, and not those of the plain model."""
     hf, ggufs = files
     if setting == "linear_rope":
-        d = _edited(hf, tmp_path / "hf", rope_scaling={"rope_type": "linear", "factor": 8.0})
+        d = edited(hf, tmp_path / "hf", rope_scaling={"rope_type": "linear", "factor": 8.0})
         over = {"gemma3.rope.scaling.type": "linear", "gemma3.rope.scaling.factor": 8.0}
     else:
-        d = _edited(hf, tmp_path / "hf", final_logit_softcapping=2.0)
+        d = edited(hf, tmp_path / "hf", final_logit_softcapping=2.0)
         over = {"gemma3.final_logit_softcapping": 2.0}
     g = G.write_gguf(tmp_path / "x.gguf", overrides=over)
     a, b = tinydet.load(d), tinydet.load(g)
@@ -287,28 +226,20 @@ def test_settings_from_both_formats(files, tmp_path, setting, ref):
         ids = b.tokenize(text)
         ours = b.logits(ids)
         assert np.array_equal(bits(ours), bits(a.logits(ids)))
-        assert float(np.abs(ours - _logits(m, ids)).max()) <= 1e-4
-        assert float(np.abs(ours - _logits(ref, ids)).max()) > 1e-3
+        assert float(np.abs(ours - hf_logits(m, ids)).max()) <= 1e-4
+        assert float(np.abs(ours - hf_logits(ref, ids)).max()) > 1e-3
 
 
 # --- bad input ------------------------------------------------------------------------------------------
 
-def _refused(path, field):
-    with pytest.raises(tinydet.ModelFormatError) as e:
-        tinydet.load(path)
-    msg = str(e.value)
-    assert "\n" not in msg and str(path) in msg and e.value.field == field, msg
-    return msg
-
-
 def test_bad_gguf_files_are_refused(tmp_path):
     p = G.write_gguf(tmp_path / "no-norm.gguf", drop=("blk.0.post_ffw_norm.weight",))
-    assert "missing" in _refused(p, "blk.0.post_ffw_norm.weight")
+    assert "missing" in refused(p, "blk.0.post_ffw_norm.weight")
     p = G.write_gguf(tmp_path / "yarn.gguf", overrides={"gemma3.rope.scaling.type": "yarn",
                                                          "gemma3.rope.scaling.factor": 4.0})
-    assert "yarn" in _refused(p, "gemma3.rope.scaling.type")
+    assert "yarn" in refused(p, "gemma3.rope.scaling.type")
     p = G.write_gguf(tmp_path / "window.gguf", overrides={"gemma3.attention.sliding_window": 2 * G.CONTEXT})
-    assert str(2 * G.CONTEXT) in _refused(p, "gemma3.attention.sliding_window")
+    assert str(2 * G.CONTEXT) in refused(p, "gemma3.attention.sliding_window")
 
 
 @pytest.mark.parametrize("field,value,expect", [
@@ -327,11 +258,11 @@ def test_bad_gguf_files_are_refused(tmp_path):
 ])
 def test_bad_config_json_is_refused(files, tmp_path, field, value, expect):
     key = "rope_parameters" if field.startswith("rope_parameters.") else field
-    drop = {"rope_theta": _DROP, "rope_local_base_freq": _DROP} if key == "rope_parameters" else {}
-    d = _edited(files[0], tmp_path / "d", **{key: value}, **drop)
-    assert expect in _refused(d, field)
+    drop = {"rope_theta": DROP, "rope_local_base_freq": DROP} if key == "rope_parameters" else {}
+    d = edited(files[0], tmp_path / "d", **{key: value}, **drop)
+    assert expect in refused(d, field)
 
 
 def test_untied_config_without_lm_head_is_refused(files, tmp_path):
-    d = _edited(files[0], tmp_path / "d", tie_word_embeddings=False)
-    assert "tie_word_embeddings" in _refused(d, "lm_head.weight")
+    d = edited(files[0], tmp_path / "d", tie_word_embeddings=False)
+    assert "tie_word_embeddings" in refused(d, "lm_head.weight")

@@ -16,6 +16,7 @@ import pytest
 
 import gptossgen as G
 import tinydet
+from archrunner import DROP, check_logits, edited, fixtures
 from contract import bits, check_greedy_matches, check_native_gives_fp32_bits, check_threads_chunking_and_batch
 from reference import hf_logits
 
@@ -29,37 +30,23 @@ TEXTS = ["The quick brown fox jumps over the lazy dog, and the dog does not mind
          "Once upon a time there was a little robot who wanted to learn how to paint.\n\nEvery morning it"]
 
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    """(hf_dir, F32 gguf)."""
-    out = tmp_path_factory.mktemp("gptoss")
-    return G.write_hf_dir(out / "tiny-gptoss"), G.write_gguf(out / "tiny-gptoss-F32.gguf")
+# files: (hf_dir, {None: F32 gguf}); models: {"hf", "gguf"}; ref: transformers' model of the directory
+arch, files, models, ref = fixtures(lambda arch, tied: G.spec(), quants=())
 
 
 @pytest.fixture(scope="module")
-def model(files):
-    return tinydet.load(files[0])
+def model(models):
+    return models["hf"]
 
 
-@pytest.fixture(scope="module")
-def ref(files):
-    return G.hf_model(files[0])
-
-
-def test_logits_match_transformers_and_gguf_gives_the_same_bits(files, model, ref):
+def test_logits_match_transformers_and_gguf_gives_the_same_bits(models, model, ref, record_property):
     cfg = model.config
     assert (cfg.arch, cfg.n_experts, cfg.n_experts_used, cfg.moe_gating) == ("gptoss", 8, 2, "softmax_topk")
     assert cfg.layer_windows == (8, 0, 8, 0) and cfg.rope.scaling == "yarn" and not cfg.rope.truncate
-    gguf = tinydet.load(files[1])
+    gguf = models["gguf"]
     assert dataclasses.replace(gguf.config, rms_eps=cfg.rms_eps) == cfg  # GGUF keeps eps as a float32
-    worst = 0.0
-    for text in TEXTS:
-        ids = model.tokenize(text)
-        assert len(ids) > 2 * G.WINDOW
-        ours = model.logits(ids)
-        worst = max(worst, float(np.abs(ours - hf_logits(ref, ids)).max()))
-        assert np.array_equal(bits(gguf.logits(ids)), bits(ours)), text
-    assert worst <= 1e-4, worst
+    assert all(len(model.tokenize(text)) > 2 * G.WINDOW for text in TEXTS)
+    check_logits(model, gguf, ref, TEXTS, "gptoss", record_property)
 
 
 def test_sinks_and_the_clamp_are_in_play(ref, model):
@@ -116,7 +103,7 @@ def test_mxfp4_gguf_experts_give_fp32_bits(tmp_path):
 def test_convert_to_hf_and_back(files, model, tmp_path):
     from tinydet.tools.convert import convert_gguf_to_hf
 
-    out = convert_gguf_to_hf(files[1], tmp_path / "hf")
+    out = convert_gguf_to_hf(files.gguf[None], tmp_path / "hf")
     ids = model.tokenize(TEXTS[0])
     assert np.array_equal(bits(tinydet.load(out).logits(ids)), bits(model.logits(ids)))
     assert np.abs(hf_logits(G.hf_model(out), ids) - model.logits(ids)).max() <= 1e-4
@@ -152,7 +139,7 @@ def test_harmony_template_renders_as_transformers_does(files, tmp_path):
     from tinydet.chat import render_chat
 
     d = tmp_path / "chat"
-    shutil.copytree(files[0], d)
+    shutil.copytree(files.hf, d)
     tc = json.loads((d / "tokenizer_config.json").read_text())
     tc.pop("chat_template", None)
     (d / "tokenizer_config.json").write_text(json.dumps(tc))
@@ -174,21 +161,13 @@ def test_harmony_template_renders_as_transformers_does(files, tmp_path):
 def test_config_defaults_are_gpt_oss_configs(files, tmp_path):
     """Without rope_scaling, GptOssConfig's YaRN (factor 32, original 4096, not truncated) on the
     config's rope_theta, or on 150000 without one; logits then match transformers' on that config."""
-    import shutil
-
     from tinydet.formats import open_checkpoint
 
-    d = tmp_path / "defaults"
-    shutil.copytree(files[0], d)
-    c = json.loads((d / "config.json").read_text())
-    del c["rope_scaling"]
-    c["rope_theta"] = 50000.0
-    (d / "config.json").write_text(json.dumps(c))
+    d = edited(files.hf, tmp_path / "defaults", rope_scaling=DROP, rope_theta=50000.0)
     rope = open_checkpoint(d).config.rope
     assert (rope.base, rope.scaling, rope.factor, rope.original_context, rope.truncate) == (
         50000.0, "yarn", 32.0, 4096, False)
-    del c["rope_theta"]
-    (d / "config.json").write_text(json.dumps(c))
+    d = edited(files.hf, tmp_path / "no-theta", rope_scaling=DROP)
     rope = open_checkpoint(d).config.rope
     assert (rope.base, rope.scaling) == (150000.0, "yarn")
     ids = tinydet.load(d).tokenize(TEXTS[1])
@@ -203,12 +182,5 @@ def test_config_defaults_are_gpt_oss_configs(files, tmp_path):
     ("num_experts_per_tok", 9, "num_experts_per_tok"),
 ])
 def test_bad_config_is_refused_by_name(files, tmp_path, key, value, field):
-    import shutil
-
-    d = tmp_path / "bad"
-    shutil.copytree(files[0], d)
-    c = json.loads((d / "config.json").read_text())
-    c[key] = value
-    (d / "config.json").write_text(json.dumps(c))
     with pytest.raises(tinydet.ModelFormatError, match=field):
-        tinydet.load(d)
+        tinydet.load(edited(files.hf, tmp_path / "bad", **{key: value}))

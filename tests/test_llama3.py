@@ -11,6 +11,7 @@ import pytest
 
 import qwen2gen as Q
 import tinydet
+from contract import bits
 from tinydet.config import RoPE
 from tinydet.rope import from_factors, inv_freq, llama3_factors
 
@@ -34,10 +35,6 @@ CONFIGS = {
 def _rope(base, p) -> RoPE:
     return RoPE(base, "llama3", p["factor"], p["low_freq_factor"], p["high_freq_factor"],
                 p["original_max_position_embeddings"])
-
-
-def bits(a):
-    return np.ascontiguousarray(a, np.float32).view(np.uint32)
 
 
 @pytest.fixture(scope="module")

@@ -9,15 +9,15 @@ refused with the file and field named."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 import pytest
 
 import moegen as M
 import tinydet
+from archrunner import check_golden_pinned, check_logits, edited, fixtures, make_files
 from contract import bits, check_greedy_matches, check_native_gives_fp32_bits, check_threads_chunking_and_batch
-from reference import hf_generate, hf_logits
+from reference import hf_logits
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -29,47 +29,24 @@ TEXTS = ["The quick brown fox jumps over the lazy dog, and the dog does not mind
          "def greet(name):\n\treturn 'Hello, ' + name"]
 
 
-@pytest.fixture(scope="module", params=sorted(M.ARCHS))
-def arch(request):
-    return request.param
-
-
-@pytest.fixture(scope="module")
-def files(arch, tmp_path_factory):
-    """(hf_dir, F32 gguf, Q8_0 gguf)."""
-    out = tmp_path_factory.mktemp(arch)
-    hf, f32 = M.make(out, arch)
-    return hf, f32, M.write_gguf(out / f"tiny-{arch}-Q8_0.gguf", arch, "q8_0")
+# files: (hf_dir, {None, "q8_0": gguf}); models: {"hf", "gguf"}; ref: transformers' model of the directory
+arch, files, models, ref = fixtures(lambda arch, tied: M.spec(arch), sorted(M.ARCHS), quants=("q8_0",))
 
 
 @pytest.fixture(scope="module")
 def qwen_files(tmp_path_factory):
-    """Qwen3-MoE's (hf_dir, F32 gguf, Q8_0 gguf), for the checks made on one architecture."""
-    out = tmp_path_factory.mktemp("qwen3moe-one")
-    hf, f32 = M.make(out, "qwen3moe")
-    return hf, f32, M.write_gguf(out / "tiny-qwen3moe-Q8_0.gguf", "qwen3moe", "q8_0")
+    """Qwen3-MoE's files, for the checks made on one architecture."""
+    return make_files(M.spec("qwen3moe"), tmp_path_factory.mktemp("qwen3moe-one"), ("q8_0",))
 
 
 @pytest.fixture(scope="module")
-def model(files):
-    return tinydet.load(files[0])
+def model(models):
+    return models["hf"]
 
 
-@pytest.fixture(scope="module")
-def ref(files):
-    return M.hf_model(files[0])
-
-
-def test_logits_match_transformers_and_gguf_gives_the_same_bits(files, model, ref):
-    gguf = tinydet.load(files[1])
+def test_logits_match_transformers_and_gguf_gives_the_same_bits(models, model, ref, arch, record_property):
     assert model.config.n_experts == M.EXPERTS and model.config.n_experts_used == M.USED
-    worst = 0.0
-    for text in TEXTS:
-        ids = model.tokenize(text)
-        ours = model.logits(ids)
-        worst = max(worst, float(np.abs(ours - hf_logits(ref, ids)).max()))
-        assert np.array_equal(bits(gguf.logits(ids)), bits(ours)), text
-    assert worst <= 1e-4, worst
+    check_logits(model, models["gguf"], ref, TEXTS, arch, record_property)
 
 
 def test_greedy_tokens_match_transformers(model, ref):
@@ -113,8 +90,8 @@ def test_batch_mates_sharing_experts_or_not_keep_their_bits(model):
 
 
 def test_native_storage_gives_fp32_bits(files):
-    check_native_gives_fp32_bits(files[2], "q8_0", TEXTS[:2], kinds=("wqkv", "w13e", "w2e"))
-    assert tinydet.load(files[2], dtype="native").backend.storage()["router"] == "f32"  # stored F32
+    check_native_gives_fp32_bits(files.gguf["q8_0"], "q8_0", TEXTS[:2], kinds=("wqkv", "w13e", "w2e"))
+    assert tinydet.load(files.gguf["q8_0"], dtype="native").backend.storage()["router"] == "f32"  # stored F32
 
 
 def test_mxfp4_experts_give_fp32_bits(tmp_path):
@@ -130,7 +107,7 @@ def test_memory_estimate_counts_every_expert(files):
     from tinydet import memory
     from tinydet.formats import open_checkpoint
 
-    for path, dtype in ((files[2], "native"), (files[1], "fp32")):
+    for path, dtype in ((files.gguf["q8_0"], "native"), (files.gguf[None], "fp32")):
         est = memory.weight_bytes(open_checkpoint(path).tensors, dtype)
         real = tinydet.load(path, dtype=dtype, check_memory=False).backend.weight_bytes()
         assert abs(est - real) <= 0.01 * real, (dtype, est, real)
@@ -140,13 +117,13 @@ def test_native_keeps_batch_invariance(qwen_files):
     """Quantized panels take mm's units path for a few rows (`loaders.few_rows`): a chunk's or a batch
     step's experts then run in one parallel region, one row or several each, as a single row's do;
     the prompt in one pass runs each expert's own product. Every way gives each row the same bits."""
-    m = tinydet.load(qwen_files[2], dtype="native")
+    m = tinydet.load(qwen_files.gguf["q8_0"], dtype="native")
     check_threads_chunking_and_batch(m, m.tokenize(TEXTS[1]), TEXTS[:3])
 
 
 def test_int8_keeps_batch_invariance(qwen_files):
     """(One architecture: the integer products are the same kernels for every one.)"""
-    m = tinydet.load(qwen_files[2], dtype="int8")
+    m = tinydet.load(qwen_files.gguf["q8_0"], dtype="int8")
     assert m.backend.storage()["w13e"] == "Q8_0:int8"
     check_threads_chunking_and_batch(m, m.tokenize(TEXTS[1]), TEXTS[:3])
 
@@ -215,26 +192,10 @@ def test_routing_ties_in_a_model_go_to_the_lower_id(tmp_path):
 
 
 def test_golden_hashes(qwen_files, tmp_path):
-    """tests/golden/qwen3moe-tiny.json (the Q8_0 file). Its greedy fp32 case is pinned to transformers
-    holding the file's dequantized weights; every case, and each fp32 case with native storage, gives
-    the recorded hashes."""
-    from pathlib import Path
-
-    from tinydet.hashing import file_sha256
-    from tinydet.tools.golden import check_golden, model_loader, read_golden
-
-    arch, path = "qwen3moe", qwen_files[2]
-    data = read_golden(Path(__file__).parent / "golden" / "qwen3moe-tiny.json")
-    assert data["model_sha256"] == file_sha256(path), "the generator no longer writes the recorded file"
-    model = tinydet.load(path, dtype="fp32")
-    case = data["cases"][0]
-    assert (case["dtype"], case["temperature"], case["max_tokens"]) == ("fp32", 0.0, 32)
-    ref = M.hf_model(M.write_hf_dir(tmp_path / "dq", arch, quant="q8_0"))
-    ids = model.tokenize(case["prompt"])
-    want = hf_generate(ref, ids, 32)
-    g = model.generate(case["prompt"], max_tokens=32)
-    assert g.token_ids == want and g.output_hash == case["output_hash"]
-    assert check_golden(model_loader(path, fp32=model), data, file_sha256(path)) == []
+    """tests/golden/qwen3moe-tiny.json (the Q8_0 file), pinned to transformers holding the file's
+    dequantized weights (archrunner.check_golden_pinned)."""
+    ref = M.hf_model(M.write_hf_dir(tmp_path / "dq", "qwen3moe", quant="q8_0"))
+    check_golden_pinned(qwen_files.gguf["q8_0"], "qwen3moe-tiny", ref)
 
 
 def test_convert_to_hf_and_back(files, model, arch, tmp_path):
@@ -243,9 +204,9 @@ def test_convert_to_hf_and_back(files, model, arch, tmp_path):
     from tinydet.tools.convert import convert_gguf_to_hf
 
     out = tmp_path / "hf"
-    convert_gguf_to_hf(files[1], out)
+    convert_gguf_to_hf(files.gguf[None], out)
     c = json.loads((out / "config.json").read_text())
-    assert c["architectures"] == json.loads((files[0] / "config.json").read_text())["architectures"]
+    assert c["architectures"] == json.loads((files.hf / "config.json").read_text())["architectures"]
     ids = model.tokenize(TEXTS[0])
     assert np.array_equal(bits(tinydet.load(out).logits(ids)), bits(model.logits(ids)))
     assert np.abs(hf_logits(M.hf_model(out), ids) - model.logits(ids)).max() <= 1e-4
@@ -261,13 +222,8 @@ def test_convert_to_hf_and_back(files, model, arch, tmp_path):
 def test_bad_config_is_refused_by_name(qwen_files, tmp_path, key, value, field):
     from tinydet.errors import ModelFormatError
 
-    d = tmp_path / "bad"
-    shutil.copytree(qwen_files[0], d)
-    c = json.loads((d / "config.json").read_text())
-    c[key] = value
-    (d / "config.json").write_text(json.dumps(c))
     with pytest.raises(ModelFormatError, match=field.replace(".", r"\.")):
-        tinydet.load(d)
+        tinydet.load(edited(qwen_files.hf, tmp_path / "bad", **{key: value}))
 
 
 def test_gguf_without_expert_count_is_refused(qwen_files, tmp_path):
@@ -276,7 +232,7 @@ def test_gguf_without_expert_count_is_refused(qwen_files, tmp_path):
 
     from tinydet.errors import ModelFormatError
 
-    r = gguf.GGUFReader(qwen_files[1])
+    r = gguf.GGUFReader(qwen_files.gguf[None])
     assert "qwen3moe.expert_count" in r.fields
     w = gguf.GGUFWriter(tmp_path / "x.gguf", "qwen3moe")
     for name, f in r.fields.items():
@@ -297,7 +253,7 @@ def test_the_gpu_path_refuses_a_mixture_by_name(qwen_files):
     from tinydet.errors import TinydetError
 
     with pytest.raises(TinydetError, match="qwen3moe: mixtures of experts run on the CPU backend only"):
-        tinydet.load(qwen_files[1], device="cuda-host")
+        tinydet.load(qwen_files.gguf[None], device="cuda-host")
 
 
 def test_verify_cells_pass(qwen_files):
@@ -308,8 +264,8 @@ def test_verify_cells_pass(qwen_files):
     from contract import VERIFY_CELLS_IN_PROCESS
     from tinydet.cli import main
 
-    r = CliRunner().invoke(main, ["verify", "--model", str(qwen_files[2]), "--json", "--max-tokens", "12", "--dtype",
-                                  "fp32", "--dtype", "native", "--dtype", "int8", "--no-subprocess"])
+    r = CliRunner().invoke(main, ["verify", "--model", str(qwen_files.gguf["q8_0"]), "--json", "--max-tokens", "12",
+                                  "--dtype", "fp32", "--dtype", "native", "--dtype", "int8", "--no-subprocess"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["passed"] and len(out["cells"]) == 3 * VERIFY_CELLS_IN_PROCESS

@@ -10,85 +10,51 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import qwen2gen as Q
 import tinydet
-from contract import (bits, check_greedy_matches, check_native_gives_fp32_bits, check_threads_chunking_and_batch,
-                      check_trace_diff, check_verify_matrix)
-from reference import hf_generate
-from tinydet.hashing import file_sha256
-from tinydet.tools.golden import check_golden, model_loader, read_golden
+from archrunner import (backend_logits, check_converted, check_golden_pinned, check_greedy, check_logits, edited,
+                        fixtures, float32_eps)
+from contract import (bits, check_native_gives_fp32_bits, check_threads_chunking_and_batch, check_trace_diff,
+                      check_verify_matrix)
+from reference import hf_logits
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
-GOLDEN = Path(__file__).parent / "golden"  # qwen2-tiny.json, qwen3-tiny.json, llama3-tiny.json
 TEXTS = ["Hello world", "The quick brown fox jumps over the lazy dog.", "12345 and 3.14159, 2024-03-15",
          "<|im_start|>user\nHi there, how are you?<|im_end|>\n<|im_start|>assistant\n",
          "I'm sure you'll agree: we're here.\n\n\tdef hello(name):\n    return name"]
 
 
-@pytest.fixture(scope="module", params=["qwen2", "qwen3", "llama3"])
-def arch(request):
-    return request.param
-
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory, arch):
-    """{tied: (hf_dir, {quant: gguf})} for the untied and the tied variant."""
-    out = tmp_path_factory.mktemp(arch)
-    made = {}
-    for tied in (False, True):
-        hf, f32 = Q.make_tiny_qwen2(out, None, tied=tied, arch=arch)
-        made[tied] = (hf, {q: Q.write_gguf(out / f"{q}-{tied}.gguf", q, tied=tied, arch=arch) for q in ("q8_0", "q4_0")})
-        made[tied][1][None] = f32
-    return made
-
-
-@pytest.fixture(scope="module")
-def hf_model(arch):
-    return {tied: Q.hf_model(tied=tied, arch=arch).eval() for tied in (False, True)}
+# files: {tied: (hf_dir, {quant: gguf})}; models: {"hf", "gguf"} (untied); ref: {tied: transformers' model}
+arch, files, models, ref = fixtures(lambda arch, tied: Q.spec(tied, arch), ["qwen2", "qwen3", "llama3"], tied=True)
 
 
 @pytest.mark.parametrize("tied", [False, True])
-def test_logits_match_transformers_and_gguf_equals_hf_dir(files, hf_model, arch, tied, record_property):
+def test_logits_match_transformers_and_gguf_equals_hf_dir(files, ref, arch, tied, record_property):
     hf_dir, ggufs = files[tied]
     from_dir, from_gguf = tinydet.load(hf_dir), tinydet.load(ggufs[None])
-    # GGUF stores the RMSNorm epsilon as a float32, config.json as a decimal: the kernels use float32
-    assert dataclasses.replace(from_dir.config, rms_eps=float(np.float32(from_dir.config.rms_eps))) == from_gguf.config
+    assert float32_eps(from_dir.config) == from_gguf.config
     assert from_gguf.config.arch == Q.GGUF_ARCH[arch]
     assert (from_gguf.config.qkv_bias, from_gguf.config.qk_norm) == (arch == "qwen2", arch == "qwen3")
     assert from_gguf.config.head_dim == Q.head_dim(arch)
     assert from_gguf.config.rope.scaling == ("llama3" if arch == "llama3" else "none")
-    worst = 0.0
-    for text in TEXTS:
-        ids = from_gguf.tokenize(text)
-        assert ids == from_dir.tokenize(text) == Q.hf_tokenizer(arch).encode(text).ids
-        ours = from_gguf.logits(ids)
-        assert np.array_equal(bits(ours), bits(from_dir.logits(ids)))
-        with torch.no_grad():
-            want = hf_model[tied](torch.tensor([ids])).logits[0].numpy()
-        worst = max(worst, float(np.abs(ours - want).max()))
-    record_property(f"{arch}_max_abs_diff_vs_transformers", worst)
-    print(f"tiny {arch} (tied={tied}): max |tinydet - transformers| = {worst:.2e} over {len(TEXTS)} prompts")
-    assert worst <= 1e-4
+    raw = Q.hf_tokenizer(arch)
+    check_logits(from_dir, from_gguf, ref[tied], TEXTS, arch, record_property, encode=lambda t: raw.encode(t).ids)
 
 
-def test_greedy_32_tokens_match_transformers(files, hf_model):
-    model = tinydet.load(files[False][1][None])
-    for text in TEXTS[:3]:
-        check_greedy_matches(model, hf_model[False], model.tokenize(text), label=text)
+def test_greedy_32_tokens_match_transformers(models, ref):
+    check_greedy(models, ref[False], [("gguf", text) for text in TEXTS[:3]])
 
 
 def test_biases_qk_norms_and_rope_scaling_matter(files, arch):
     """A runtime that dropped Qwen2's biases, Qwen3's QK-norm weights or Llama 3's RoPE scaling would
     be caught: zeroing the biases, setting the norm weights to 1, or rotating unscaled moves the logits."""
-    from tinydet.backends.cpu import CPUBackend
     from tinydet.config import RoPE
     from tinydet.formats import Tensor, open_checkpoint
 
@@ -104,10 +70,7 @@ def test_biases_qk_norms_and_rope_scaling_matter(files, arch):
                    for k, v in ck.tensors.items()}
         assert sum(k.endswith(("q_norm", "k_norm")) for k in tensors) == 2 * Q.LAYERS
     ids = ck.tokenizer.encode(TEXTS[1])
-    be, zero = CPUBackend(ck.config, ck.tensors), CPUBackend(cfg, tensors)
-    a = be.forward(ids, be.new_cache(len(ids)), all_logits=True)
-    b = zero.forward(ids, zero.new_cache(len(ids)), all_logits=True)
-    assert np.abs(a - b).max() > 0.5
+    assert np.abs(backend_logits(ck.config, ck.tensors, ids) - backend_logits(cfg, tensors, ids)).max() > 0.5
 
 
 def test_threads_chunking_and_batch(files):
@@ -125,7 +88,7 @@ def test_trace_diff(files, tmp_path):
     check_trace_diff(model, model.tokenize(TEXTS[1]), tmp_path)
 
 
-def test_convert_back_to_hf_directory(files, tmp_path, hf_model, arch):
+def test_convert_back_to_hf_directory(files, tmp_path, ref, arch):
     """GGUF -> HF directory: transformers loads it as Qwen2ForCausalLM / Qwen3ForCausalLM with
     transformers' own logits of the original, and tinydet gives the GGUF's bits from it."""
     from tinydet.tools.convert import convert_gguf_to_hf
@@ -138,14 +101,7 @@ def test_convert_back_to_hf_directory(files, tmp_path, hf_model, arch):
         if arch == "llama3":  # read back from rope_freqs.weight's divisors
             assert cfg["rope_scaling"] == {k: v for k, v in Q.LLAMA3_ROPE.items()}
         assert cfg["tie_word_embeddings"] is tied and cfg["head_dim"] == Q.head_dim(arch)
-        m = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-        assert type(m).__name__ == name
-        ids = tinydet.load(files[tied][1][None]).tokenize(TEXTS[4])
-        with torch.no_grad():
-            a = m(torch.tensor([ids])).logits[0].numpy()
-            b = hf_model[tied](torch.tensor([ids])).logits[0].numpy()
-        assert np.array_equal(a, b)  # the same weights, bit for bit, through transformers
-        assert np.array_equal(bits(tinydet.load(out).logits(ids)), bits(tinydet.load(files[tied][1][None]).logits(ids)))
+        check_converted(files[tied][1][None], out, ref[tied], name, TEXTS[4:], attn=None)
 
 
 def test_verify_matrix_passes(files):
@@ -153,45 +109,25 @@ def test_verify_matrix_passes(files):
 
 
 def test_golden_hashes(files, arch):
-    """tests/golden/{qwen2,qwen3,llama3}-tiny.json (the Q8_0 files). Its greedy fp32 case is pinned to
-    transformers: the same 32 tokens from the Qwen2ForCausalLM / Qwen3ForCausalLM / LlamaForCausalLM
-    holding the file's dequantized weights. Then every case, and every fp32 case again with native storage, gives the
-    recorded hashes."""
-    path = files[False][1]["q8_0"]
-    data = read_golden(GOLDEN / f"{arch}-tiny.json")
-    assert data["model_sha256"] == file_sha256(path), "the generator no longer writes the recorded file"
-    model = tinydet.load(path, dtype="fp32")
-    case = data["cases"][0]
-    assert (case["dtype"], case["temperature"], case["max_tokens"]) == ("fp32", 0.0, 32)
-    ref = Q.hf_model(tied=False, arch=arch)
-    with torch.no_grad():
-        for name, p in ref.named_parameters():
-            p.copy_(torch.from_numpy(Q.dequantized_state_dict("q8_0", arch=arch)[name]))
-        ids = model.tokenize(case["prompt"])
-        want = hf_generate(ref, ids, 32)
-    g = model.generate(case["prompt"], max_tokens=32)
-    assert g.token_ids == want and g.output_hash == case["output_hash"]
-    assert check_golden(model_loader(path, fp32=model), data, file_sha256(path)) == []
+    """tests/golden/{qwen2,qwen3,llama3}-tiny.json (the Q8_0 files), pinned to the Qwen2ForCausalLM /
+    Qwen3ForCausalLM / LlamaForCausalLM holding the file's dequantized weights
+    (archrunner.check_golden_pinned)."""
+    ref = Q.spec(arch=arch).hf_model(weights=Q.dequantized_state_dict("q8_0", arch=arch))
+    check_golden_pinned(files[False][1]["q8_0"], f"{arch}-tiny", ref)
 
 
 def test_sliding_window_config(files, tmp_path, arch):
     """config.json's use_sliding_window slides the layers from max_window_layers on, as transformers
     reads it (Qwen2.5's own configs leave it off). LlamaForCausalLM has no sliding window: transformers
     ignores those keys in a Llama config.json, and so does tinydet."""
-    import shutil
-
-    d = tmp_path / "sliding"
-    shutil.copytree(files[False][0], d)
+    d = edited(files[False][0], tmp_path / "sliding", use_sliding_window=True, sliding_window=4, max_window_layers=1)
     cfg = json.loads((d / "config.json").read_text())
-    cfg.update(use_sliding_window=True, sliding_window=4, max_window_layers=1)
-    (d / "config.json").write_text(json.dumps(cfg))
     model = tinydet.load(d)
     assert model.config.layer_windows == (() if arch == "llama3" else (0, 4))
     ref = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
     ids = model.tokenize(TEXTS[4])
     assert len(ids) > 8
-    with torch.no_grad():
-        want = ref(torch.tensor([ids])).logits[0].numpy()
+    want = hf_logits(ref, ids)
     got = model.logits(ids)
     assert np.abs(got - want).max() <= 1e-4
     unwindowed = tinydet.load(files[False][0]).logits(ids)
@@ -217,9 +153,7 @@ def test_qwen3_yarn_matches_transformers(tmp_path):
         cfg[key] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, **extra}
         (made / "config.json").write_text(json.dumps(cfg))
         got = tinydet.load(made).logits(ids)
-        want = transformers.AutoModelForCausalLM.from_pretrained(made, dtype=torch.float32).eval()
-        with torch.no_grad():
-            want = want(torch.tensor([ids])).logits[0].numpy()
+        want = hf_logits(transformers.AutoModelForCausalLM.from_pretrained(made, dtype=torch.float32).eval(), ids)
         assert np.abs(got - want).max() <= 1e-4, key
         assert np.abs(got - plain.logits(ids)).max() > 1e-2  # the scaling matters here
 
@@ -227,17 +161,12 @@ def test_qwen3_yarn_matches_transformers(tmp_path):
 def test_qwen3_settings_it_cannot_run_are_refused(tmp_path):
     """A Qwen3 config.json with q/k/v/o biases or a YaRN scaling with DeepSeek's mscale keys is refused
     with the field named, not run without it."""
-    import shutil
-
     made = Q.write_hf_dir(tmp_path / "qwen3", arch="qwen3")
     cases = {"attention_bias": {"attention_bias": True},
              "rope_scaling": {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "mscale": 0.707,
                                                "original_max_position_embeddings": 128}}}
     for field, change in cases.items():
-        d = tmp_path / field
-        shutil.copytree(made, d)
-        cfg = json.loads((d / "config.json").read_text())
-        (d / "config.json").write_text(json.dumps({**cfg, **change}))
+        d = edited(made, tmp_path / field, **change)
         with pytest.raises(tinydet.ModelFormatError, match=field) as e:
             tinydet.load(d)
         assert "config.json" in str(e.value), str(e.value)

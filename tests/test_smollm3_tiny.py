@@ -15,10 +15,12 @@ import json
 import numpy as np
 import pytest
 
-import qwen2gen
+import bpetok
 import smollm3gen as S
 import tinydet
-from contract import bits, check_greedy_matches, check_native_gives_fp32_bits, check_threads_chunking_and_batch
+from archrunner import (DROP, backend_logits, check_converted, check_greedy, check_logits, check_matches_reference,
+                        edited, fixtures, float32_eps, refused)
+from contract import bits, check_native_gives_fp32_bits, check_threads_chunking_and_batch
 from reference import hf_logits
 
 torch = pytest.importorskip("torch")
@@ -30,51 +32,18 @@ TEXTS = ["The quick brown fox jumps over the lazy dog. It's a sentence that uses
          "I'm sure you'll agree: we're here, they're there, and she's gone. Isn't that odd? Don't worry!",
          "def hello(name):\n    return \"Hello, \" + name + \"!\"  # a little code, with symbols: ==, !="]
 
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    """(hf_dir, {quant: gguf})."""
-    out = tmp_path_factory.mktemp("smollm3")
-    hf, f32 = S.make_tiny_smollm3(out)
-    return hf, {None: f32, "q8_0": S.write_gguf(out / "tiny-smollm3-q8_0.gguf", "q8_0")}
-
-
-@pytest.fixture(scope="module")
-def ref():
-    return S.hf_model()  # eager attention
-
-
-@pytest.fixture(scope="module")
-def models(files):
-    hf, ggufs = files
-    return {"hf": tinydet.load(hf), "gguf": tinydet.load(ggufs[None])}
-
-
-def _run(cfg, tensors, ids, hook=None):
-    from tinydet.backends.cpu import CPUBackend
-
-    be = CPUBackend(cfg, tensors)
-    return be.forward_batch([(0, ids)], be.new_cache(len(ids)), all_logits=True, hook=hook)[0]
+# files: (hf_dir, {None, "q8_0": gguf}); models: {"hf", "gguf"}; ref: transformers' SmolLM3ForCausalLM, eager
+arch, files, models, ref = fixtures(lambda arch, tied: S.spec(), quants=("q8_0",))
 
 
 def test_logits_match_transformers_and_gguf_equals_hf_dir(models, ref, record_property):
     from_dir, from_gguf = models["hf"], models["gguf"]
-    # GGUF stores the RMSNorm epsilon as a float32, config.json as a decimal: the kernels use float32
-    assert dataclasses.replace(from_dir.config, rms_eps=float(np.float32(from_dir.config.rms_eps))) == from_gguf.config
+    assert float32_eps(from_dir.config) == from_gguf.config
     cfg = from_gguf.config
     assert (cfg.arch, cfg.rope.base, cfg.layer_windows) == ("smollm3", S.ROPE_THETA, ())
     assert cfg.layer_nope == (False, False, False, True) * 2
-    raw = qwen2gen.hf_tokenizer(S.TOKENIZER)
-    worst = 0.0
-    for text in TEXTS:
-        ids = from_gguf.tokenize(text)
-        assert ids == from_dir.tokenize(text) == raw.encode(text).ids
-        ours = from_gguf.logits(ids)
-        assert np.array_equal(bits(ours), bits(from_dir.logits(ids)))
-        worst = max(worst, float(np.abs(ours - hf_logits(ref, ids)).max()))
-    record_property("smollm3_max_abs_diff_vs_transformers", worst)
-    print(f"tiny smollm3: max |tinydet - transformers| = {worst:.2e} over {len(TEXTS)} prompts")
-    assert worst <= 1e-4
+    raw = bpetok.hf_tokenizer(S.TOKENIZER)
+    check_logits(from_dir, from_gguf, ref, TEXTS, "smollm3", record_property, encode=lambda t: raw.encode(t).ids)
 
 
 def test_nope_layers_rotate_nothing_and_matter(files, ref):
@@ -91,12 +60,12 @@ def test_nope_layers_rotate_nothing_and_matter(files, ref):
         if op in ("q", "k", "rope_q", "rope_k"):
             seen[layer, op] = np.array(rows)
 
-    base = _run(ck.config, ck.tensors, ids, hook)
+    base = backend_logits(ck.config, ck.tensors, ids, hook)
     for layer in range(S.LAYERS):
         same = [np.array_equal(bits(seen[layer, a]), bits(seen[layer, b]))
                 for a, b in (("q", "rope_q"), ("k", "rope_k"))]
         assert same == [ck.config.nope(layer)] * 2, layer
-    all_rope = _run(dataclasses.replace(ck.config, layer_nope=()), ck.tensors, ids)
+    all_rope = backend_logits(dataclasses.replace(ck.config, layer_nope=()), ck.tensors, ids)
     assert np.abs(base - all_rope).max() > 1e-2
     want = hf_logits(S.hf_model(no_rope_layers=[1] * S.LAYERS), ids)
     assert float(np.abs(all_rope - want).max()) <= 1e-4
@@ -104,9 +73,7 @@ def test_nope_layers_rotate_nothing_and_matter(files, ref):
 
 
 def test_greedy_32_tokens_match_transformers(models, ref):
-    for name, text in (("gguf", TEXTS[0]), ("gguf", TEXTS[1]), ("hf", TEXTS[2])):
-        model = models[name]
-        check_greedy_matches(model, ref, model.tokenize(text), label=(name, text))
+    check_greedy(models, ref, (("gguf", TEXTS[0]), ("gguf", TEXTS[1]), ("hf", TEXTS[2])))
 
 
 def test_threads_chunking_and_batch(files):
@@ -116,25 +83,7 @@ def test_threads_chunking_and_batch(files):
 
 def test_native_q8_0_gives_fp32_bits_and_matches_transformers(files):
     check_native_gives_fp32_bits(files[1]["q8_0"], "q8_0", TEXTS[:2], kinds=("wqkv", "output"))
-    model = tinydet.load(files[1]["q8_0"])
-    ids = model.tokenize(TEXTS[0])
-    want = hf_logits(S.hf_model(weights=S.dequantized_state_dict("q8_0")), ids)
-    assert float(np.abs(model.logits(ids) - want).max()) <= 1e-4
-
-
-def _edited(src, dst, **changes):
-    dst.mkdir()
-    for f in src.iterdir():
-        (dst / f.name).symlink_to(f)
-    (dst / "config.json").unlink()
-    c = json.loads((src / "config.json").read_text())
-    for k, v in changes.items():
-        c.pop(k, None) if v is _DROP else c.__setitem__(k, v)
-    (dst / "config.json").write_text(json.dumps(c))
-    return dst
-
-
-_DROP = object()
+    check_matches_reference(files[1]["q8_0"], S.hf_model(weights=S.dequantized_state_dict("q8_0")), TEXTS[:1])
 
 
 YARN = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16}  # SmolLM3's long-context setting
@@ -148,12 +97,12 @@ def test_config_json_settings_match_transformers(files, models, tmp_path, case):
     within 1e-4 of its model of that config.json."""
     pattern = [0, 1, 1, 1, 1, 0, 1, 1]
     changes = {"pattern": {"no_rope_layers": pattern},
-               "interval": {"no_rope_layers": _DROP, "no_rope_layer_interval": 3, "layer_types": _DROP},
-               "sliding": {"use_sliding_window": True, "sliding_window": 8, "layer_types": _DROP},
-               "defaults": {"no_rope_layers": _DROP, "no_rope_layer_interval": _DROP, "rope_theta": _DROP,
-                            "layer_types": _DROP},
+               "interval": {"no_rope_layers": DROP, "no_rope_layer_interval": 3, "layer_types": DROP},
+               "sliding": {"use_sliding_window": True, "sliding_window": 8, "layer_types": DROP},
+               "defaults": {"no_rope_layers": DROP, "no_rope_layer_interval": DROP, "rope_theta": DROP,
+                            "layer_types": DROP},
                "yarn": {"rope_scaling": YARN}}[case]
-    d = _edited(files[0], tmp_path / "d", **changes)
+    d = edited(files[0], tmp_path / "d", **changes)
     model = tinydet.load(d)
     cfg = model.config
     want_nope = {"pattern": tuple(not x for x in pattern), "interval": (False, False, True) * 2 + (False, False)}
@@ -161,7 +110,7 @@ def test_config_json_settings_match_transformers(files, models, tmp_path, case):
     assert cfg.layer_windows == ((0, 0, 0, 8) * 2 if case == "sliding" else ())
     assert cfg.rope.base == (2e6 if case == "defaults" else S.ROPE_THETA)
     assert cfg.rope.scaling == ("yarn" if case == "yarn" else "none")
-    ref = S.hf_model(**{k: (None if v is _DROP else v) for k, v in changes.items()})
+    ref = S.hf_model(**{k: (None if v is DROP else v) for k, v in changes.items()})
     assert ref.config.no_rope_layers == [int(not x) for x in cfg.layer_nope]
     ids = model.tokenize(TEXTS[3])
     assert len(ids) > 2 * 8
@@ -181,11 +130,7 @@ def test_convert_back_to_hf_directory(files, tmp_path, ref):
     c = json.loads((out / "config.json").read_text())
     assert (c["architectures"], c["model_type"], c["tie_word_embeddings"]) == (["SmolLM3ForCausalLM"], "smollm3", True)
     assert (c["no_rope_layers"], c["no_rope_layer_interval"], c["use_sliding_window"]) == (S.NO_ROPE_LAYERS, 4, False)
-    m = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
-    assert type(m).__name__ == "SmolLM3ForCausalLM"
-    ids = tinydet.load(src).tokenize(TEXTS[2])
-    assert np.array_equal(hf_logits(m, ids), hf_logits(ref, ids))
-    assert np.array_equal(bits(tinydet.load(out).logits(ids)), bits(tinydet.load(src).logits(ids)))
+    check_converted(src, out, ref, "SmolLM3ForCausalLM", TEXTS[2:3])
 
 
 # --- bad input ------------------------------------------------------------------------------------------
@@ -194,19 +139,11 @@ def test_transformers_own_config_json_reads_alike(files, tmp_path, ref):
     """config.json as transformers 5 saves it (rope_parameters, its own key set) reads to the same config."""
     from tinydet.formats.hf_dir import read_hf_config
 
-    d = _edited(files[0], tmp_path / "v5")
+    d = edited(files[0], tmp_path / "v5")
     (d / "config.json").unlink()
     ref.config.save_pretrained(d)
     assert "rope_parameters" in json.loads((d / "config.json").read_text())
     assert read_hf_config(d)[1] == read_hf_config(files[0])[1]
-
-
-def _refused(path, field):
-    with pytest.raises(tinydet.ModelFormatError) as e:
-        tinydet.load(path)
-    msg = str(e.value)
-    assert "\n" not in msg and str(path) in msg and e.value.field == field, msg
-    return msg
 
 
 @pytest.mark.parametrize("field,value,expect", [
@@ -218,21 +155,21 @@ def _refused(path, field):
 def test_bad_config_json_is_refused(files, tmp_path, field, value, expect):
     changes = {field: value}
     if field == "no_rope_layer_interval":
-        changes["no_rope_layers"] = _DROP
-    assert expect in _refused(_edited(files[0], tmp_path / "d", **changes), field)
+        changes["no_rope_layers"] = DROP
+    assert expect in refused(edited(files[0], tmp_path / "d", **changes), field)
 
 
 def test_sliding_layers_need_use_sliding_window_and_a_window(files, tmp_path):
     types = ["full_attention"] * 3 + ["sliding_attention"] + ["full_attention"] * 4
-    d = _edited(files[0], tmp_path / "a", layer_types=types)
-    assert "disagree" in _refused(d, "use_sliding_window")
-    d = _edited(files[0], tmp_path / "b", layer_types=types, use_sliding_window=True)
-    assert "missing" in _refused(d, "sliding_window")
+    d = edited(files[0], tmp_path / "a", layer_types=types)
+    assert "disagree" in refused(d, "use_sliding_window")
+    d = edited(files[0], tmp_path / "b", layer_types=types, use_sliding_window=True)
+    assert "missing" in refused(d, "sliding_window")
 
 
 def test_bad_gguf_is_refused(tmp_path):
     p = S.write_gguf(tmp_path / "swa.gguf", overrides={"smollm3.attention.sliding_window": 8})
-    assert "sliding-window" in _refused(p, "smollm3.attention.sliding_window")
+    assert "sliding-window" in refused(p, "smollm3.attention.sliding_window")
 
 
 def test_gpu_backend_refuses_nope_layers(models):

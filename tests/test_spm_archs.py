@@ -15,25 +15,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import spmgen as S
 import tinydet
-from contract import (bits, check_greedy_matches, check_native_gives_fp32_bits, check_threads_chunking_and_batch,
-                      check_trace_diff, check_verify_matrix)
-from reference import hf_generate
-from tinydet.hashing import file_sha256
-from tinydet.tools.golden import check_golden, model_loader, read_golden
+from archrunner import (DROP, backend_logits, check_converted, check_golden_pinned, check_greedy, check_logits,
+                        check_matches_reference, edited, fixtures, float32_eps, refused)
+from contract import (bits, check_native_gives_fp32_bits, check_threads_chunking_and_batch, check_trace_diff,
+                      check_verify_matrix)
+from reference import hf_logits
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
-GOLDEN = Path(__file__).parent / "golden"  # mistral-tiny.json, phi3-tiny.json
 TEXTS = ["Hello world", "The quick brown fox jumps over the lazy dog, and the dog does not mind at all.",
          "In 1969, three astronauts flew 384400 km; prices were 19.99 and 12 percent off on 2024-03-15.",
          "[INST] What is the capital of France? [/INST] The capital of France is Paris.",
@@ -45,88 +42,26 @@ CHATS = [[{"role": "user", "content": "What is the capital of France?"}],
           {"role": "user", "content": "Write a short story\nabout a robot."}]]
 
 
-@pytest.fixture(scope="module", params=["mistral", "phi3"])
-def arch(request):
-    return request.param
-
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory, arch):
-    """{tied: (hf_dir, {quant: gguf})} for the untied and the tied variant."""
-    out = tmp_path_factory.mktemp(arch)
-    made = {}
-    for tied in (False, True):
-        hf, f32 = S.make_tiny(out, arch, None, tied=tied)
-        made[tied] = (hf, {q: S.write_gguf(out / f"{q}-{tied}.gguf", arch, q, tied=tied) for q in ("q8_0", "q4_0")})
-        made[tied][1][None] = f32
-    return made
-
-
-@pytest.fixture(scope="module")
-def hf_model(arch):
-    return {tied: S.hf_model(arch, tied=tied) for tied in (False, True)}
-
-
-@pytest.fixture(scope="module")
-def models(files):
-    """The untied model from the HF directory and from the F32 GGUF."""
-    return {"hf": tinydet.load(files[False][0]), "gguf": tinydet.load(files[False][1][None])}
-
-
-def _logits(model, ids):
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].numpy()
-
-
-def _edited(src: Path, dst: Path, **changes) -> Path:
-    """A copy of the HF directory `src` with config.json's keys changed (a value of ... deletes the key)."""
-    shutil.copytree(src, dst)
-    cfg = json.loads((dst / "config.json").read_text())
-    cfg.update(changes)
-    cfg = {k: v for k, v in cfg.items() if v is not ...}
-    (dst / "config.json").write_text(json.dumps(cfg))
-    return dst
-
-
-def _refused(path, field: str, *words: str) -> str:
-    """tinydet.load(path) raises one line naming the file (config.json in a directory) and the field."""
-    with pytest.raises(tinydet.ModelFormatError) as e:
-        tinydet.load(path)
-    msg, file = str(e.value), Path(path) / "config.json" if Path(path).is_dir() else Path(path)
-    assert "\n" not in msg and e.value.field == field, msg
-    assert msg.startswith(f"{file}: {field}: "), msg
-    for w in words:
-        assert w in msg, (w, msg)
-    return msg
+# files: {tied: (hf_dir, {quant: gguf})}; models: {"hf", "gguf"} (untied); ref: {tied: transformers' model}
+arch, files, models, ref = fixtures(lambda arch, tied: S.spec(arch, tied), ["mistral", "phi3"], tied=True)
 
 
 # --- the contract --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("tied", [False, True])
-def test_logits_match_transformers_and_gguf_equals_hf_dir(files, hf_model, arch, tied, record_property):
+def test_logits_match_transformers_and_gguf_equals_hf_dir(files, ref, arch, tied, record_property):
     hf_dir, ggufs = files[tied]
     from_dir, from_gguf = tinydet.load(hf_dir), tinydet.load(ggufs[None])
-    # A Mistral GGUF is a `llama` one (llama.cpp's converter writes it so), the same model by another
-    # name; GGUF stores the RMSNorm epsilon as a float32, config.json as a decimal: the kernels use float32
+    # A Mistral GGUF is a `llama` one (llama.cpp's converter writes it so), the same model by another name
     name = "llama" if arch == "mistral" else arch
     assert (from_dir.config.arch, from_gguf.config.arch) == (arch, name)
-    assert dataclasses.replace(from_dir.config, arch=name,
-                               rms_eps=float(np.float32(from_dir.config.rms_eps))) == from_gguf.config
+    assert dataclasses.replace(float32_eps(from_dir.config), arch=name) == from_gguf.config
     assert from_gguf.config.layer_windows == ((S.PHI3_SLIDING_WINDOW,) * S.LAYERS if arch == "phi3" else ())
     # Mistral's embedding is its tokenizer; Phi-3's is padded past it (512 rows for 507 tokens here)
     assert from_gguf.config.vocab_size == S.vocab_size(arch)
     assert from_dir.tokenizer.vocab_size == (S.BASE_VOCAB + len(S.PHI3_ADDED) if arch == "phi3" else S.BASE_VOCAB)
     raw = S.hf_tokenizer(arch)
-    worst = 0.0
-    for text in TEXTS:
-        ids = from_gguf.tokenize(text)
-        assert ids == from_dir.tokenize(text) == raw.encode(text).ids, text
-        ours = from_gguf.logits(ids)
-        assert np.array_equal(bits(ours), bits(from_dir.logits(ids)))
-        worst = max(worst, float(np.abs(ours - _logits(hf_model[tied], ids)).max()))
-    record_property(f"{arch}_max_abs_diff_vs_transformers", worst)
-    print(f"tiny {arch} (tied={tied}): max |tinydet - transformers| = {worst:.2e} over {len(TEXTS)} prompts")
-    assert worst <= 1e-4
+    check_logits(from_dir, from_gguf, ref[tied], TEXTS, arch, record_property, encode=lambda t: raw.encode(t).ids)
 
 
 def test_tokenizer_matches_transformers(files, models, arch):
@@ -159,10 +94,8 @@ def test_chat_template_renders_as_apply_chat_template(files, models, arch):
             assert m.chat_prompt(messages) == want, (name, messages)
 
 
-def test_greedy_32_tokens_match_transformers(files, models, hf_model):
-    for name, text in (("gguf", TEXTS[1]), ("gguf", TEXTS[3]), ("hf", TEXTS[4])):
-        model = models[name]
-        check_greedy_matches(model, hf_model[False], model.tokenize(text), label=(name, text))
+def test_greedy_32_tokens_match_transformers(models, ref):
+    check_greedy(models, ref[False], (("gguf", TEXTS[1]), ("gguf", TEXTS[3]), ("hf", TEXTS[4])))
 
 
 def test_layout_fixups_matter(files, arch):
@@ -171,7 +104,6 @@ def test_layout_fixups_matter(files, arch):
     tensors are split as transformers splits them, each part a zero-copy row slice of the file's bytes
     equal to those rows of qkv_proj / gate_up_proj: swapping the gate and up halves, or k and v, moves
     the logits."""
-    from tinydet.backends.cpu import CPUBackend
     from tinydet.formats import Tensor, open_checkpoint
     from tinydet.formats.gguf import GGUFFile
     from tinydet.formats.gguf_model import gguf_config, gguf_tensors
@@ -180,11 +112,7 @@ def test_layout_fixups_matter(files, arch):
     ck = open_checkpoint(path)
     ids = ck.tokenizer.encode(TEXTS[1])
 
-    def run(tensors):
-        be = CPUBackend(ck.config, tensors)
-        return be.forward(ids, be.new_cache(len(ids)), all_logits=True)
-
-    base = run(ck.tensors)
+    base = backend_logits(ck.config, ck.tensors, ids)
     sd = S.state_dict(arch)
     q, kv = S.HEADS * S.HEAD_DIM, S.KV_HEADS * S.HEAD_DIM
     moved = []
@@ -215,7 +143,7 @@ def test_layout_fixups_matter(files, arch):
                     f"layers.{i}.{a}"]
             moved.append(swapped)
     for tensors in moved:
-        assert np.abs(base - run(tensors)).max() > 0.05
+        assert np.abs(base - backend_logits(ck.config, tensors, ids)).max() > 0.05
 
 
 def test_threads_chunking_and_batch(files, arch):
@@ -235,11 +163,8 @@ def test_native_storage_gives_fp32_bits(files, quant):
 
 def test_q8_0_matches_transformers_with_its_weights(files, arch):
     """The Q8_0 file runs the transformers model that holds its dequantized weights (within 1e-4)."""
-    model = tinydet.load(files[False][1]["q8_0"])
-    ref = S.hf_model(arch, weights=S.dequantized_state_dict(arch, "q8_0"))
-    for text in TEXTS[3:5]:
-        ids = model.tokenize(text)
-        assert float(np.abs(model.logits(ids) - _logits(ref, ids)).max()) <= 1e-4
+    check_matches_reference(files[False][1]["q8_0"], S.hf_model(arch, weights=S.dequantized_state_dict(arch, "q8_0")),
+                            TEXTS[3:5])
 
 
 def test_trace_diff(files, tmp_path):
@@ -247,7 +172,7 @@ def test_trace_diff(files, tmp_path):
     check_trace_diff(model, model.tokenize(TEXTS[1]), tmp_path)
 
 
-def test_convert_back_to_hf_directory(files, tmp_path, hf_model, arch):
+def test_convert_back_to_hf_directory(files, tmp_path, ref, arch):
     """GGUF -> HF directory: a Mistral GGUF (a `llama` file) becomes a LlamaForCausalLM directory, a
     Phi-3 one a Phi3ForCausalLM directory with its fused qkv_proj / gate_up_proj written back whole.
     The directory holds the generator's weights exactly; transformers loads it as that class with
@@ -268,15 +193,7 @@ def test_convert_back_to_hf_directory(files, tmp_path, hf_model, arch):
         assert set(st) == set(sd)
         for k, v in sd.items():
             assert np.array_equal(bits(st[k]), bits(v)), k
-        m = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32,
-                                                              attn_implementation="eager").eval()
-        assert type(m).__name__ == name
-        back, orig = tinydet.load(out), tinydet.load(src)
-        for text in TEXTS[3:]:
-            ids = orig.tokenize(text)
-            assert back.tokenize(text) == ids, text
-            assert np.array_equal(_logits(m, ids), _logits(hf_model[tied], ids))  # bit for bit, through transformers
-            assert np.array_equal(bits(back.logits(ids)), bits(orig.logits(ids)))
+        check_converted(src, out, ref[tied], name, TEXTS[3:])
     q = convert_gguf_to_hf(files[False][1]["q8_0"], tmp_path / "conv-q8")  # matrices dequantized exactly
     ids = tinydet.load(q).tokenize(TEXTS[4])
     assert np.array_equal(bits(tinydet.load(q).logits(ids)), bits(tinydet.load(files[False][1]["q8_0"]).logits(ids)))
@@ -287,22 +204,11 @@ def test_verify_matrix_passes(files):
 
 
 def test_golden_hashes(files, arch):
-    """tests/golden/mistral-tiny.json and phi3-tiny.json (the Q8_0 files, by `tinydet golden --write`).
-    Its greedy fp32 case is pinned to transformers: the same 32 tokens from the MistralForCausalLM /
-    Phi3ForCausalLM holding the file's dequantized weights. Then every case, and every fp32 case
-    again with native storage, gives the recorded hashes."""
-    path = files[False][1]["q8_0"]
-    data = read_golden(GOLDEN / f"{arch}-tiny.json")
-    assert data["model_sha256"] == file_sha256(path), "the generator no longer writes the recorded file"
-    model = tinydet.load(path, dtype="fp32")
-    case = data["cases"][0]
-    assert (case["dtype"], case["temperature"], case["max_tokens"]) == ("fp32", 0.0, 32)
+    """tests/golden/mistral-tiny.json and phi3-tiny.json (the Q8_0 files), pinned to the
+    MistralForCausalLM / Phi3ForCausalLM holding the file's dequantized weights
+    (archrunner.check_golden_pinned)."""
     ref = S.hf_model(arch, weights=S.dequantized_state_dict(arch, "q8_0"))
-    ids = model.tokenize(case["prompt"])
-    want = hf_generate(ref, ids, 32)
-    g = model.generate(case["prompt"], max_tokens=32)
-    assert g.token_ids == want and g.output_hash == case["output_hash"]
-    assert check_golden(model_loader(path, fp32=model), data, file_sha256(path)) == []
+    check_golden_pinned(files[False][1]["q8_0"], f"{arch}-tiny", ref)
 
 
 # --- what is particular to each ------------------------------------------------------------------------
@@ -313,7 +219,6 @@ def test_sliding_window(files, arch, tmp_path):
     edge only. Mistral: the tiny model has sliding_window null, as v0.2 / v0.3; a directory with a window
     shorter than the prompt runs as transformers' MistralForCausalLM (eager) runs it, and differs from
     the full-attention one past the edge."""
-    from tinydet.backends.cpu import CPUBackend
     from tinydet.formats import open_checkpoint
 
     w = S.PHI3_SLIDING_WINDOW if arch == "phi3" else 8
@@ -322,23 +227,19 @@ def test_sliding_window(files, arch, tmp_path):
         assert ck.config.layer_windows == (w,) * S.LAYERS == open_checkpoint(files[False][0]).config.layer_windows
         full_cfg = dataclasses.replace(ck.config, layer_windows=())
     else:
-        d = _edited(files[False][0], tmp_path / "window", sliding_window=w)
+        d = edited(files[False][0], tmp_path / "window", sliding_window=w)
         ck = open_checkpoint(d)
         assert ck.config.layer_windows == (w,) * S.LAYERS
         ref = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32,
                                                                 attn_implementation="eager").eval()
         ids = ck.tokenizer.encode(TEXTS[4])
-        assert float(np.abs(tinydet.load(d).logits(ids) - _logits(ref, ids)).max()) <= 1e-4
+        assert float(np.abs(tinydet.load(d).logits(ids) - hf_logits(ref, ids)).max()) <= 1e-4
         full_cfg = open_checkpoint(files[False][0]).config
         assert full_cfg.layer_windows == ()
     ids = ck.tokenizer.encode(TEXTS[4])
     assert len(ids) > 3 * w
 
-    def run(cfg):
-        be = CPUBackend(cfg, ck.tensors)
-        return be.forward(ids, be.new_cache(len(ids)), all_logits=True)
-
-    windowed, full = run(ck.config), run(full_cfg)
+    windowed, full = backend_logits(ck.config, ck.tensors, ids), backend_logits(full_cfg, ck.tensors, ids)
     assert np.array_equal(bits(windowed[:w]), bits(full[:w]))  # the same until the window's edge
     assert np.abs(windowed - full).max() > 1e-2
 
@@ -353,7 +254,7 @@ def test_mistral_head_dim_of_its_own(tmp_path):
     ref = S.hf_model("mistral", head_dim=32)
     for text in TEXTS[3:5]:
         ids = model.tokenize(text)
-        assert float(np.abs(model.logits(ids) - _logits(ref, ids)).max()) <= 1e-4
+        assert float(np.abs(model.logits(ids) - hf_logits(ref, ids)).max()) <= 1e-4
     from_gguf = tinydet.load(g)
     assert (from_gguf.config.arch, from_gguf.config.head_dim) == ("llama", 32)
     ids = model.tokenize(TEXTS[4])
@@ -394,11 +295,11 @@ def test_settings_it_cannot_run_are_refused(files, arch, tmp_path):
             (dict(rope_scaling={"type": "longrope", **longrope}, max_position_embeddings=4 * S.CONTEXT),
              "rope_scaling", ("'longrope' is not supported", "LongRoPE", "what follows it")),
             (dict(rope_scaling={"type": "su", **longrope}), "rope_scaling", ("'su'", "LongRoPE")),
-            (dict(rope_theta=..., rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, **longrope}),
+            (dict(rope_theta=DROP, rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, **longrope}),
              "rope_parameters", ("LongRoPE", "what follows it")),
             (dict(sliding_window=S.CONTEXT + 1), "sliding_window", ("larger than max_position_embeddings",)),
             (dict(partial_rotary_factor=0.75), "partial_rotary_factor", ("partial RoPE",)),
-            (dict(rope_theta=..., rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+            (dict(rope_theta=DROP, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                    "partial_rotary_factor": 0.75}),
              "rope_parameters.partial_rotary_factor", ("partial RoPE",)),
             (dict(head_dim=32), "head_dim", ("a head dimension of its own is not supported",)),
@@ -406,7 +307,7 @@ def test_settings_it_cannot_run_are_refused(files, arch, tmp_path):
     else:
         cases = [
             (dict(sliding_window=S.CONTEXT + 1), "sliding_window", ("larger than max_position_embeddings",)),
-            (dict(sliding_window=...), "sliding_window", ("4096", "MistralConfig's default")),
+            (dict(sliding_window=DROP), "sliding_window", ("4096", "MistralConfig's default")),
             (dict(sliding_window=0), "sliding_window", ("positive",)),
             (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}),
              "rope_scaling", ("'yarn' is not supported",)),
@@ -414,23 +315,23 @@ def test_settings_it_cannot_run_are_refused(files, arch, tmp_path):
              ("'dynamic' is not supported", "what follows it")),
         ]
     for i, (change, field, words) in enumerate(cases):
-        _refused(_edited(hf, tmp_path / f"c{i}", **change), field, *words)
+        refused(edited(hf, tmp_path / f"c{i}", **change), field, *words, strict=True)
     if arch == "phi3":
         factors = {"rope_factors_long.weight": np.full(n, 1.5, np.float32),
                    "rope_factors_short.weight": np.ones(n, np.float32)}
         g = S.write_gguf(tmp_path / "longrope.gguf", "phi3", overrides={
             "phi3.context_length": 4 * S.CONTEXT, "phi3.rope.scaling.attn_factor": 1.19}, extra_tensors=factors)
-        _refused(g, "rope_factors_long.weight", "LongRoPE is not supported", "what follows it")
+        refused(g, "rope_factors_long.weight", "LongRoPE is not supported", "what follows it", strict=True)
         g = S.write_gguf(tmp_path / "window.gguf", "phi3", overrides={"phi3.attention.sliding_window": S.CONTEXT + 1})
-        _refused(g, "phi3.attention.sliding_window", f"0..context_length ({S.CONTEXT})")
+        refused(g, "phi3.attention.sliding_window", f"0..context_length ({S.CONTEXT})", strict=True)
         g = S.write_gguf(tmp_path / "partial.gguf", "phi3", overrides={"phi3.rope.dimension_count": 12})
-        _refused(g, "phi3.rope.dimension_count", "partial RoPE")
+        refused(g, "phi3.rope.dimension_count", "partial RoPE", strict=True)
         g = S.write_gguf(tmp_path / "su.gguf", "phi3", overrides={"phi3.rope.scaling.type": "longrope"})
-        _refused(g, "phi3.rope.scaling.type", "'longrope' is not supported", "LongRoPE")
+        refused(g, "phi3.rope.scaling.type", "'longrope' is not supported", "LongRoPE", strict=True)
     else:
         g = tmp_path / "mistral-arch.gguf"
         g.write_bytes(rewrite(files[False][1][None], {"general.architecture": "mistral"}))
-        _refused(g, "general.architecture", "'mistral' is not supported", "llama", "phi3")
+        refused(g, "general.architecture", "'mistral' is not supported", "llama", "phi3", strict=True)
 
 
 def test_generator_writes_the_converters_layout(tmp_path):
@@ -439,7 +340,7 @@ def test_generator_writes_the_converters_layout(tmp_path):
     padded to vocab_size with UNUSED "[PAD{i}]" tokens), written byte for byte the same twice."""
     from gguf import GGUFReader
 
-    from qwen2gen import file_digests
+    from tinygen import file_digests
 
     for arch in ("mistral", "phi3"):
         a, b = (S.write_gguf(tmp_path / f"{arch}-{i}.gguf", arch, "q8_0") for i in (0, 1))
